@@ -1,0 +1,76 @@
+"""The ``ngram-spec`` command line.
+
+Each subcommand lives in its own module with a ``register(subparsers)`` function that adds its
+parser and sets ``func`` (called with the parsed arguments, returns the exit code).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Modules that contribute subcommands, in the order ``--help`` lists them.
+COMMAND_MODULES = (
+    "reference.cli.ngram",  # create, stats, merge, inspect
+    "reference.cli.model",  # generate, tiny-model
+    "mlx_backend.cli",  # demo
+    "mlx_backend.cli_tables",  # convert
+    "conformance.cli",  # conformance
+)
+
+# Commands of these modules need the optional mlx stack (``pip install 'ngram-spec[mlx]'``).
+OPTIONAL_DEPENDENCIES = ("mlx", "mlx_lm")
+
+
+class UserError(Exception):
+    """Bad input from the user: printed as ``ngram-spec: error: ...`` with exit code 2, no traceback."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ngram-spec",
+        description=(
+            "n-gram (prompt-lookup) self-speculative decoding: llama.cpp's n-gram caches as a NumPy "
+            "reference, and a fast MLX backend that speeds up mlx-lm generation with no draft model."
+        ),
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name not in OPTIONAL_DEPENDENCIES:
+                raise
+            _register_unavailable(sub, name, exc.name)
+            continue
+        module.register(sub)
+    return parser
+
+
+def _register_unavailable(sub, module_name: str, missing: str) -> None:
+    """Keep the command line usable without mlx: the mlx commands then explain how to get them."""
+    help_text = f"(needs {missing}: pip install 'ngram-spec[mlx]')"
+    commands = {"mlx_backend.cli": ["demo"], "mlx_backend.cli_tables": ["convert"]}.get(module_name, [])
+    for command in commands:
+        parser = sub.add_parser(command, help=help_text, description=help_text)
+
+        def unavailable(args, missing=missing):
+            raise UserError(f"this command needs the {missing} package; install it with: pip install 'ngram-spec[mlx]'")
+
+        parser.set_defaults(func=unavailable)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (UserError, ValueError, OSError) as exc:  # bad input: one clear line, no traceback
+        print(f"ngram-spec {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
