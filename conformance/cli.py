@@ -1,5 +1,111 @@
-"""Placeholder written by the lead so the CLI frame imports; the owner of this file replaces it."""
+"""``ngram-spec conformance`` and ``python -m conformance``: run the suite, print the report."""
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import sys
+
+from conformance.backend import BUILTIN, ENV, PROTOCOL, resolve
+from conformance.registry import AREAS, all_checks
+from conformance.report import progress_line, summary
+from conformance.runner import THOROUGH, Options, run_suite
+
+DESCRIPTION = f"""\
+Check that a backend implements n-gram speculative decoding correctly: llama.cpp's n-gram counts,
+drafting, thresholds and ties, cache files and replay statistics (against llama.cpp's own outputs
+and the rules), and, for a backend that generates, exact state rollback, greedy output identical to
+plain greedy decoding, and an unchanged sampling distribution.
+
+Each area is reported as passed, failed, skipped, or not applicable (the backend does not provide
+what the area needs). A failure shows the smallest failing example and the seed that reproduces it.
+The exit code is 1 if any check failed, 0 otherwise.
+
+Areas: {", ".join(AREAS)}.
+"""
 
 
-def register(subparsers):
-    pass
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", metavar="NAME",
+                        help=f"reference, mlx, or module.path:object (default: ${ENV}, else reference)")
+    parser.add_argument("--json", metavar="FILE", help="also write the report as JSON to FILE")
+    parser.add_argument("--thorough", action="store_true",
+                        help=f"{THOROUGH}x more random examples and every golden case (default run: < 3 min)")
+    parser.add_argument("--seed", type=int, help="the seed of the random examples (default: a new one, printed)")
+    parser.add_argument("--area", action="append", choices=list(AREAS), metavar="AREA",
+                        help="run only this area (repeatable); one of " + ", ".join(AREAS))
+    parser.add_argument("--check", action="append", metavar="ID",
+                        help="run only checks whose id matches (a glob such as 'drafting.*'; repeatable)")
+    parser.add_argument("--examples", type=int, metavar="N", help="random examples per property check")
+    parser.add_argument("--list", action="store_true", help="list the checks and the backend protocol, run nothing")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print only the summary")
+
+
+def run(args: argparse.Namespace) -> int:
+    checks = [c for c in all_checks()
+              if (not args.area or c.area in args.area)
+              and (not args.check or any(fnmatch.fnmatch(c.id, p) or c.id == p for p in args.check))]
+    if args.list:
+        return _list(checks)
+    if not checks:
+        raise ValueError("no check matches --area/--check; see --list")
+    if args.examples is not None and args.examples < 1:
+        raise ValueError(f"--examples must be >= 1, got {args.examples}")
+    backend = resolve(args.backend)
+    options = Options(thorough=args.thorough, examples=args.examples)
+    if args.seed is not None:
+        options.seed = args.seed
+    print(f"ngram-spec conformance: backend {backend.name!r} ({BUILTIN.get(backend.name, backend.name)}), "
+          f"seed {options.seed}, {'thorough' if args.thorough else 'default'} run, {len(checks)} checks")
+    print(f"  provides: {', '.join(backend.provided()) or 'nothing'}")
+    area = None
+
+    def show(result):
+        nonlocal area
+        if args.quiet:
+            return
+        if result.area != area:
+            area = result.area
+            print(f"\n{AREAS[area]}")
+        print(progress_line(result), flush=True)
+
+    report = run_suite(backend, checks, options, on_result=show)
+    rerun = f"python -m conformance --backend {backend.name}" + (" --thorough" if args.thorough else "")
+    print(summary(report, rerun))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report.as_dict(), f, indent=2)
+            f.write("\n")
+    return 1 if report.failed else 0
+
+
+def _list(checks) -> int:
+    print("Checks (area.name: the rule):")
+    for c in checks:
+        needs = f"  [needs {', '.join(c.needs)}]" if c.needs else ""
+        print(f"  {c.id}: {c.doc}{needs}")
+    print("\nBackend protocol (docs/conformance.md):")
+    for name, what in PROTOCOL.items():
+        print(f"  {what}")
+    return 0
+
+
+def register(subparsers) -> None:
+    """Add ``ngram-spec conformance``."""
+    parser = subparsers.add_parser("conformance", help="run the conformance suite against a backend",
+                                   description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m conformance``."""
+    parser = argparse.ArgumentParser(prog="python -m conformance", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except ValueError as exc:
+        print(f"python -m conformance: error: {exc}", file=sys.stderr)
+        return 2

@@ -1,5 +1,302 @@
-"""Placeholder written by the lead so the CLI frame imports; the owner of this file replaces it."""
+"""``ngram-spec create | stats | merge | inspect``: llama.cpp's lookup-create, lookup-stats and
+lookup-merge on token files, and a look inside cache files.
+
+Token files are raw little-endian int32 (``.i32``) or ``.npy`` (``.xz`` is decompressed on the fly);
+cache files use llama.cpp's ``common_ngram_cache_save`` format. ``--backend`` picks the
+implementation (``reference`` = the readable NumPy/Python one; ``mlx`` = the fast one).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import inspect
+import json
+import sys
+import time
+from pathlib import Path
+
+from reference.backends import BACKENDS, get_backend
+from reference.cli import UserError
+from reference.draft import SCORES
+from reference.replay import check_replay_args
+
+DRAFT_DUMP_HEADER = "# pos k draft_1..draft_k  (pos = index in the token file of the token draft_1 predicts)\n"
 
 
-def register(subparsers):
-    pass
+def register(subparsers) -> None:
+    fmt = argparse.RawDescriptionHelpFormatter
+
+    p = subparsers.add_parser(
+        "create", formatter_class=fmt, help="build a static n-gram cache (llama-lookup-create)",
+        description="Build a static cache: the counts of every (2-gram, next token) of INPUT, like\n"
+                    "llama-lookup-create. INPUT is a token file (.i32 raw little-endian int32, .npy), or a\n"
+                    "UTF-8 text file when --tokenizer is given.\n\n"
+                    "example: ngram-spec create corpus.i32 -o static.bin\n"
+                    "         ngram-spec create corpus.txt --tokenizer path/to/tokenizer.json -o static.bin")
+    p.add_argument("input", metavar="INPUT", help="token file, or text file with --tokenizer")
+    p.add_argument("-o", "--output", required=True, metavar="OUTPUT", help="cache file to write")
+    p.add_argument("--tokenizer", metavar="PATH",
+                   help="tokenize INPUT as text with this tokenizer: a Hugging Face tokenizer.json (or its directory), "
+                        "or a .gguf model file")
+    p.add_argument("--no-special", action="store_true",
+                   help="with --tokenizer: do not add special tokens such as BOS (llama.cpp adds them)")
+    p.add_argument("--tokens-out", metavar="FILE", help="also write the tokens of INPUT to FILE (.i32 or .npy)")
+    add_backend_arg(p)
+    p.set_defaults(func=cmd_create)
+
+    p = subparsers.add_parser(
+        "stats", formatter_class=fmt, help="replay a token file and count drafted/accepted tokens (llama-lookup-stats)",
+        description="Replay TOKENS as if a model had generated them, drafting with llama.cpp's n-gram\n"
+                    "caches before every token, like llama-lookup-stats: the stream is cut into\n"
+                    "floor((N-1)/n_ctx) chunks; each chunk starts with an empty context cache, which is merged\n"
+                    "into the dynamic cache afterwards. Reports drafted and accepted tokens, the acceptance\n"
+                    "rate, and the drafting time per drafted token.\n\n"
+                    "example: ngram-spec stats text.i32 --static static.bin --n-ctx 4096 --n-draft 16 --json")
+    p.add_argument("tokens", metavar="TOKENS", help="token file to replay (.i32, .npy)")
+    p.add_argument("--static", metavar="FILE", help="static cache file (2-grams, from `create`); lookup-stats -lcs")
+    p.add_argument("--dynamic", metavar="FILE", help="dynamic cache file loaded at start; lookup-stats -lcd")
+    p.add_argument("--n-ctx", type=int, default=4096, help="chunk length, the model context (default: %(default)s)")
+    p.add_argument("--n-draft", type=int, default=16, help="maximum tokens per draft (default: %(default)s)")
+    p.add_argument("--score", choices=SCORES, default="exact",
+                   help="score arithmetic: exact integers (default), or int32 = llama.cpp's wrapping 32-bit "
+                        "product (identical unless a product exceeds 2**31-1)")
+    p.add_argument("--drafts-out", metavar="FILE",
+                   help="write one line 'pos k d_1 .. d_k' per draft call (the conformance vectors' dump format)")
+    p.add_argument("--save-dynamic", metavar="FILE",
+                   help="save the dynamic cache after the replay (the --dynamic one plus every replayed chunk)")
+    p.add_argument("--json", action="store_true", help="print a JSON summary instead of lookup-stats' lines")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (it shows only on a terminal)")
+    add_backend_arg(p)
+    p.set_defaults(func=cmd_stats)
+
+    p = subparsers.add_parser(
+        "merge", formatter_class=fmt, help="sum the counts of cache files (llama-lookup-merge)",
+        description="Merge cache files: the counts of equal (n-gram, token) pairs are summed, like\n"
+                    "llama-lookup-merge. The result does not depend on the order of the inputs.\n\n"
+                    "example: ngram-spec merge a.bin b.bin -o merged.bin")
+    p.add_argument("inputs", nargs="+", metavar="INPUT", help="cache files")
+    p.add_argument("-o", "--output", required=True, metavar="OUTPUT", help="cache file to write")
+    add_backend_arg(p)
+    p.set_defaults(func=cmd_merge)
+
+    p = subparsers.add_parser(
+        "inspect", formatter_class=fmt, help="show what a cache file holds",
+        description="Summarize a cache file: n-grams, (n-gram, follower) entries and the sum of counts\n"
+                    "per n-gram size, how many followers the n-grams have, and the most frequent entries.\n\n"
+                    "example: ngram-spec inspect static.bin --top 5")
+    p.add_argument("file", metavar="FILE", help="cache file")
+    p.add_argument("--top", type=int, default=10, help="how many top entries to list (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    add_backend_arg(p)
+    p.set_defaults(func=cmd_inspect)
+
+
+def add_backend_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", choices=sorted(BACKENDS), default=None,
+                   help="implementation to use (default: $NGRAM_SPEC_BACKEND or reference)")
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+def load_tokenizer(path: str):
+    """A function ``(text, add_special) -> token ids`` from a Hugging Face ``tokenizer.json`` (or a
+    directory holding one), or from the vocabulary stored in a ``.gguf`` model file."""
+    p = Path(path)
+    if p.suffix == ".gguf":
+        try:
+            from mlx_backend.tokenizer import load_gguf_tokenizer
+        except ImportError as exc:
+            raise UserError(f"a .gguf tokenizer needs the mlx extra ({exc}): pip install 'ngram-spec[mlx]'") from exc
+        hf = load_gguf_tokenizer(p)._tokenizer
+        return lambda text, add_special=True: hf.encode(text, add_special_tokens=add_special)
+    file = p / "tokenizer.json" if p.is_dir() else p
+    if not file.is_file():
+        raise UserError(f"tokenizer {path}: no tokenizer.json found (pass the file, the directory holding it, "
+                        "or a .gguf model file)")
+    try:
+        from tokenizers import Tokenizer
+    except ImportError as exc:
+        raise UserError("--tokenizer needs the 'tokenizers' package: pip install tokenizers") from exc
+    try:
+        tok = Tokenizer.from_file(str(file))
+    except Exception as exc:  # the library raises its own exception type
+        raise UserError(f"tokenizer {file}: cannot load it ({exc})") from exc
+    return lambda text, add_special=True: tok.encode(text, add_special_tokens=add_special).ids
+
+
+def dump_line(pos: int, drafts: list[int]) -> str:
+    """One draft call in the conformance vectors' dump format: ``pos k d_1 .. d_k`` and LF."""
+    return " ".join(map(str, [pos, len(drafts), *drafts])) + "\n"
+
+
+def backend_name(backend) -> str:
+    return getattr(backend, "NAME", backend.__name__)
+
+
+def read_input_tokens(backend, path: str):
+    if not Path(path).is_file():
+        raise UserError(f"{path}: no such file")
+    return backend.read_tokens(path)
+
+
+def load_cache_file(backend, path: str, what: str = ""):
+    if not Path(path).is_file():
+        raise UserError(f"{what} cache file {path}: no such file".lstrip())
+    return backend.load_cache(path)
+
+
+def cache_rows(backend, cache) -> list[tuple[int, ...]]:
+    return backend.cache_entries(cache)
+
+
+def check_static(backend, cache, path: str) -> None:
+    """A static cache holds 2-grams only (llama-lookup-create); anything else is a mistake."""
+    sizes = cache.sizes() if hasattr(cache, "sizes") else {row[0] for row in cache_rows(backend, cache)}
+    if sizes - {2}:
+        raise UserError(f"static cache {path} holds n-grams of sizes {sorted(sizes)}; a static cache must hold "
+                        "2-grams only (make it with `ngram-spec create`; pass other caches as --dynamic)")
+
+
+# --- commands ------------------------------------------------------------------------------------
+
+def cmd_create(args) -> int:
+    backend = get_backend(args.backend)
+    if args.tokenizer:
+        encode = load_tokenizer(args.tokenizer)
+        try:
+            text = Path(args.input).read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise UserError(f"{args.input}: not UTF-8 text ({exc}); token files need no --tokenizer") from exc
+        tokens = encode(text, not args.no_special)
+    else:
+        if Path(args.input).suffix in (".txt", ".md", ".rst", ".text"):
+            raise UserError(f"{args.input} looks like a text file: pass --tokenizer PATH to tokenize it")
+        tokens = read_input_tokens(backend, args.input)
+    if args.tokens_out:
+        from reference.tokens import write_tokens
+        write_tokens(args.tokens_out, tokens)
+    t0 = time.perf_counter()
+    cache = backend.build_static(tokens)
+    backend.save_cache(cache, args.output)
+    rows = cache_rows(backend, cache)
+    print(f"{args.output}: {len({r[1:5] for r in rows})} 2-grams, {len(rows)} entries from {len(tokens)} tokens "
+          f"({time.perf_counter() - t0:.2f} s)", file=sys.stderr)
+    return 0
+
+
+def cmd_stats(args) -> int:
+    try:
+        check_replay_args(args.n_ctx, args.n_draft)
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
+    backend = get_backend(args.backend)
+    tokens = read_input_tokens(backend, args.tokens)
+    t0 = time.perf_counter()
+    c_st = load_cache_file(backend, args.static, "static") if args.static else None
+    c_dyn = load_cache_file(backend, args.dynamic, "dynamic") if args.dynamic else None
+    load_ms = 1e3 * (time.perf_counter() - t0)  # t_draft_flat of lookup-stats
+    if c_st is not None:
+        check_static(backend, c_st, args.static)
+
+    dump = open(args.drafts_out, "w", newline="\n") if args.drafts_out else None
+    if dump is not None:
+        dump.write(f"# variant={backend_name(backend)} n_ctx={args.n_ctx} n_draft={args.n_draft} "
+                   f"static={args.static or ''} dynamic={args.dynamic or ''}\n")
+        dump.write(DRAFT_DUMP_HEADER)
+    on_draft = (lambda pos, drafts: dump.write(dump_line(pos, drafts))) if dump is not None else None
+
+    extra = {}
+    if "progress" in inspect.signature(backend.replay).parameters:
+        extra["progress"] = False if args.no_progress else None  # None: a bar on a terminal only
+    try:
+        stats = backend.replay(tokens, n_ctx=args.n_ctx, n_draft=args.n_draft, c_st=c_st, c_dyn=c_dyn,
+                               on_draft=on_draft, score=args.score, **extra)
+    finally:
+        if dump is not None:
+            dump.close()
+    if args.save_dynamic:
+        backend.save_cache(stats.c_dyn, args.save_dynamic)
+
+    N = len(tokens)
+    summary = {
+        "n_input": N, "n_ctx": args.n_ctx, "n_draft": args.n_draft, "n_chunks": stats.n_chunks,
+        "tokens_replayed": stats.n_chunks * args.n_ctx, "n_predict": N - N % args.n_ctx,
+        "n_draft_calls": stats.n_draft_calls, "n_drafted": stats.n_drafted, "n_accept": stats.n_accept,
+        "accept": stats.accept, "t_draft_us": stats.t_draft_us,
+        "us_per_drafted_token": stats.us_per_drafted_token, "load_ms": load_ms,
+        "backend": backend_name(backend), "score": args.score,
+    }
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:  # the lines llama-lookup-stats prints (lookup-stats.cpp:143-150)
+        t_draft_ms = stats.t_draft_us / 1e3
+        tps = stats.n_drafted / (t_draft_ms / 1e3) if t_draft_ms else 0.0
+        print(f"n_draft      = {args.n_draft}\n"
+              f"n_predict    = {summary['n_predict']}\n"
+              f"n_drafted    = {stats.n_drafted}\n"
+              f"t_draft_flat = {load_ms:.2f} ms\n"
+              f"t_draft      = {t_draft_ms:.2f} ms, {stats.us_per_drafted_token:.2f} us per token, "
+              f"{tps:.2f} tokens per second\n"
+              f"n_accept     = {stats.n_accept}\n"
+              f"accept       = {stats.accept:.3f}%")
+    return 0
+
+
+def cmd_merge(args) -> int:
+    backend = get_backend(args.backend)
+    caches = [load_cache_file(backend, path, "input") for path in args.inputs]
+    merged = backend.merge_caches(caches)
+    backend.save_cache(merged, args.output)
+    rows = cache_rows(backend, merged)
+    print(f"{args.output}: {len(rows)} entries, total count {sum(r[6] for r in rows)} "
+          f"from {len(args.inputs)} file(s)", file=sys.stderr)
+    return 0
+
+
+def describe(rows: list[tuple[int, ...]], top: int) -> dict:
+    """Per-size totals, the follower distribution and the top entries of canonical cache rows."""
+    per_n: dict[int, dict[str, int]] = {}
+    followers: collections.Counter = collections.Counter()  # n-gram (n, t0..t3) -> number of followers
+    for n, *slots, token, count in rows:
+        d = per_n.setdefault(n, {"ngrams": 0, "entries": 0, "sum_counts": 0})
+        d["entries"] += 1
+        d["sum_counts"] += count
+        followers[(n, *slots)] += 1
+    for key in followers:
+        per_n[key[0]]["ngrams"] += 1
+    hist = collections.Counter(followers.values())
+    top_rows = sorted(rows, key=lambda r: (-r[6], r))[:top]
+    return {
+        "ngrams": len(followers), "entries": len(rows), "sum_counts": sum(r[6] for r in rows),
+        "per_n": {str(n): per_n[n] for n in sorted(per_n)},
+        "followers": {
+            "max": max(hist) if hist else 0,
+            "mean": len(rows) / len(followers) if followers else 0.0,
+            "ngrams_with_1": hist.get(1, 0),
+            "histogram": {str(k): hist[k] for k in sorted(hist)[:20]},
+        },
+        "top": [{"ngram": [t for t in r[1:5] if t != -1], "token": r[5], "count": r[6]} for r in top_rows],
+    }
+
+
+def cmd_inspect(args) -> int:
+    if args.top < 0:
+        raise UserError(f"--top must be >= 0, got {args.top}")
+    backend = get_backend(args.backend)
+    cache = load_cache_file(backend, args.file)
+    info = {"file": args.file, **describe(cache_rows(backend, cache), args.top)}
+    if args.json:
+        print(json.dumps(info, indent=1))
+        return 0
+    print(f"{args.file}: {info['ngrams']} n-grams, {info['entries']} entries, total count {info['sum_counts']}")
+    print(" n   n-grams   entries  sum of counts")
+    for n, d in info["per_n"].items():
+        print(f" {n} {d['ngrams']:9d} {d['entries']:9d} {d['sum_counts']:14d}")
+    f = info["followers"]
+    print(f"followers per n-gram: mean {f['mean']:.2f}, max {f['max']}, "
+          f"{f['ngrams_with_1']} n-grams with exactly one")
+    if info["top"]:
+        print("top entries (n-gram -> token: count):")
+        for e in info["top"]:
+            print(f"  ({', '.join(map(str, e['ngram']))}) -> {e['token']}: {e['count']}")
+    return 0

@@ -1,0 +1,72 @@
+"""``--backend mlx``: the MLX backend (``mlx_backend.api`` for n-grams, ``mlx_backend.generate`` for
+speculative generation of mlx-lm models) through the conformance protocol. Plain decoding is
+mlx-lm's own ``generate_step``, so greedy equivalence is checked against mlx-lm itself."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.generate import generate_step as mlx_lm_generate_step
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.sample_utils import make_sampler
+from mlx_lm.utils import load_model as mlx_lm_load_model
+
+from mlx_backend.generate import ngram_speculative_generate_step
+from mlx_backend.rollback import VerifyCache
+from mlx_backend.sampling import Sampler
+
+from mlx_backend.api import (  # noqa: F401  (protocol members)
+    NgramDrafter,
+    build_static,
+    cache_entries,
+    context_counts,
+    load_cache,
+    merge_caches,
+    replay,
+    save_cache,
+)
+
+
+def load_model(model_dir):
+    model, _ = mlx_lm_load_model(Path(model_dir))
+    return model
+
+
+def _steps(model, prompt, max_tokens, drafter, draft_max, sampler):
+    prompt = mx.array(list(prompt), mx.uint32)
+    if drafter is None:
+        for token, _ in mlx_lm_generate_step(prompt, model, max_tokens=max_tokens, sampler=sampler):
+            yield int(token), False
+    else:
+        for token, _, from_draft in ngram_speculative_generate_step(
+                prompt, model, max_tokens=max_tokens, sampler=sampler, drafter=drafter, draft_max=draft_max):
+            yield int(token), bool(from_draft)
+
+
+def generate_step(model, prompt, max_tokens, drafter=None, draft_max=4, eos=()):
+    """Greedy generation (mlx-lm's own when no drafter is given), stopping after an EOS token."""
+    for token, from_draft in _steps(model, prompt, max_tokens, drafter, draft_max, None):
+        yield token, from_draft
+        if token in eos:
+            return
+
+
+def sample_step(model, prompt, max_tokens, temperature, seed, drafter=None, draft_max=4):
+    """Sampling at ``temperature`` from ``mx.random.seed(seed)`` (mlx-lm's sampler when no drafter)."""
+    mx.random.seed(seed)
+    sampler = make_sampler(temp=temperature) if drafter is None else Sampler(temp=temperature)
+    for token, _ in _steps(model, prompt, max_tokens, drafter, draft_max, sampler):
+        yield token
+
+
+def make_cache(model):
+    return VerifyCache(model, make_prompt_cache(model))
+
+
+def forward(model, tokens, cache) -> np.ndarray:
+    return np.array(cache.forward(list(tokens)).astype(mx.float32))
+
+
+def keep(cache, m: int) -> None:
+    cache.keep(m)

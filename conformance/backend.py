@@ -1,0 +1,76 @@
+"""The backend under test, chosen by one setting (like array-api-tests' ``ARRAY_API_TESTS_MODULE``).
+
+``--backend`` or ``$NGRAM_SPEC_BACKEND`` is ``reference``, ``mlx``, or ``module.path:object`` (or a
+plain ``module.path``) naming any object that has some of the protocol members below. The two
+built-in names point at the adapters in :mod:`conformance.adapters`, which map our own packages
+onto the protocol. The protocol is documented, with signatures, in ``docs/conformance.md``.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+
+ENV = "NGRAM_SPEC_BACKEND"  # the same variable reference/backends.py reads
+BUILTIN = {"reference": "conformance.adapters.reference", "mlx": "conformance.adapters.mlx"}
+
+# The protocol: member -> what it is. A backend provides any subset; checks needing a missing member
+# are reported as not applicable.
+PROTOCOL = {
+    "NgramDrafter": "class NgramDrafter(c_st=None, c_dyn=None): reset(prompt), extend(tokens), draft(n_draft) -> list[int]",
+    "build_static": "build_static(tokens) -> cache of the 2-gram counts of tokens (llama-lookup-create)",
+    "context_counts": "context_counts(drafter) -> cache: the drafter's context cache c_ctx",
+    "cache_entries": "cache_entries(cache) -> rows (n, t0, t1, t2, t3, token, count)",
+    "merge_caches": "merge_caches(caches) -> cache with the summed counts (llama-lookup-merge)",
+    "load_cache": "load_cache(path) -> cache, from llama.cpp's cache file format",
+    "save_cache": "save_cache(cache, path): write llama.cpp's cache file format",
+    "replay": "replay(tokens, n_ctx, n_draft, c_st=None, c_dyn=None, on_draft=None) -> stats "
+              "(n_chunks, n_draft_calls, n_drafted, n_accept); on_draft(pos, drafts) per draft call",
+    "load_model": "load_model(model_dir) -> model, from an mlx-lm model directory",
+    "generate_step": "generate_step(model, prompt, max_tokens, drafter=None, draft_max=4, eos=(), "
+                     "temperature=0.0, seed=None) yields (token, from_draft)",
+    "sample_step": "sample_step(model, prompt, max_tokens, temperature, seed, drafter=None, draft_max=4) "
+                   "yields tokens sampled at temperature > 0, reproducibly from seed",
+    "make_cache": "make_cache(model) -> an empty model state (KV rows, conv windows, recurrent states)",
+    "forward": "forward(model, tokens, cache) -> logits [len(tokens), vocab] as a NumPy array",
+    "keep": "keep(cache, m): after a forward over S tokens, keep the state after the first m of them",
+}
+
+
+@dataclass
+class Backend:
+    """The object under test and how it was named."""
+
+    name: str
+    impl: object
+
+    def missing(self, needs: tuple[str, ...]) -> list[str]:
+        """The members of ``needs`` this backend does not provide."""
+        return [n for n in needs if getattr(self.impl, n, None) is None]
+
+    def provided(self) -> list[str]:
+        return [n for n in PROTOCOL if getattr(self.impl, n, None) is not None]
+
+
+def resolve(spec: str | None = None) -> Backend:
+    """The backend named by ``spec`` (default ``$NGRAM_SPEC_BACKEND``, then ``reference``)."""
+    spec = spec or os.environ.get(ENV) or "reference"
+    target = BUILTIN.get(spec, spec)
+    module_name, _, attr = target.partition(":")
+    if not module_name:
+        raise ValueError(f"unknown backend {spec!r}: use reference, mlx, or module.path:object")
+    try:
+        impl = importlib.import_module(module_name)
+    except ImportError as exc:
+        hint = (" (install it with: pip install 'ngram-spec[mlx]')" if spec == "mlx"
+                else "; use reference, mlx, or module.path:object")
+        raise ValueError(f"backend {spec!r} cannot be imported: {exc}{hint}") from exc
+    for part in filter(None, attr.split(".")):
+        try:
+            impl = getattr(impl, part)
+        except AttributeError:
+            raise ValueError(f"backend {spec!r}: module {module_name!r} has no attribute {attr!r}") from None
+    if not any(getattr(impl, n, None) is not None for n in PROTOCOL):
+        raise ValueError(f"backend {spec!r} provides none of the protocol members "
+                         f"({', '.join(PROTOCOL)}); see docs/conformance.md")
+    return Backend(spec, impl)

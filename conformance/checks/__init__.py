@@ -1,0 +1,11 @@
+"""The checks, one module per area; importing this package registers them (:mod:`conformance.registry`)."""
+from conformance.checks import (  # noqa: F401
+    cache_files,
+    counts,
+    drafting,
+    greedy,
+    replay,
+    rollback,
+    sampling,
+    thresholds,
+)

@@ -1,0 +1,121 @@
+"""Cache files: llama.cpp's format (no header; little-endian int32 ``tokens[4]`` padded with -1,
+``ntokens``, then ``ntokens`` pairs ``(token, count)``; records in any order). Files llama.cpp wrote
+must load with the same counts, files the backend writes must parse as that format, and damaged
+files must be refused with an error, never read as something else."""
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+
+import numpy as np
+from hypothesis import strategies as st
+
+from conformance import golden, llama_format, oracle, vectors
+from conformance.registry import check
+from conformance.runner import current_options
+from conformance.strategies import streams
+
+SMALL_FILES = ("syn-static.bin", "edge-neg-dyn.bin", "ovf-static.bin")
+
+
+def _rows(impl, cache):
+    return sorted(tuple(int(x) for x in row) for row in impl.cache_entries(cache))
+
+
+def _canonical_sha256(rows) -> str:
+    return hashlib.sha256("".join(" ".join(map(str, r)) + "\n" for r in rows).encode()).hexdigest()
+
+
+@check("cache_files", needs=("load_cache", "cache_entries"))
+def golden_files_load(impl):
+    """Cache files written by llama.cpp load with exactly the counts llama.cpp saved (canonical form)."""
+    for name in SMALL_FILES:
+        want = [tuple(map(int, line.split())) for line in vectors.canonical_text_lines(name)]
+        got = _rows(impl, golden.backend_cache(impl, name))
+        assert got == want, (f"{name}: loaded {len(got)} entries, llama.cpp saved {len(want)}; "
+                             f"first loaded rows {got[:3]}, expected {want[:3]}")
+    big = ["dyn-a.bin"] + (["static-small.bin"] if current_options().thorough else [])
+    for name in big:
+        info = next(f for f in vectors_inputs()["cache_files"] if f["file"] == name)
+        got = _canonical_sha256(_rows(impl, golden.backend_cache(impl, name)))
+        assert got == info["canonical_sha256"], f"{name}: canonical SHA-256 {got}, llama.cpp's is {info['canonical_sha256']}"
+
+
+def vectors_inputs() -> dict:
+    import json
+
+    return json.loads(vectors.read_bytes("inputs.json"))
+
+
+@st.composite
+def caches(draw):
+    """A cache of n-gram sizes 1..4 counted from a stream (counts > 1 included)."""
+    tokens = draw(streams(min_size=2))
+    sizes = draw(st.sampled_from([(2,), (1, 2, 3, 4)]))
+    return oracle.counts(tokens, sizes)
+
+
+@check("cache_files", needs=("load_cache", "save_cache", "cache_entries"),
+       given=dict(cache=caches(), order=st.randoms(use_true_random=False)), examples=30)
+def saved_files_are_llama_format(impl, cache, order):
+    """A loaded cache (records in any order) saves as llama.cpp's little-endian format with the same counts."""
+    records = [llama_format.to_bytes({eta: part}) for eta, part in cache.items()]
+    order.shuffle(records)
+    with tempfile.TemporaryDirectory(prefix="ngram-spec-conformance-") as tmp:
+        src, out = os.path.join(tmp, "in.bin"), os.path.join(tmp, "out.bin")
+        with open(src, "wb") as f:
+            f.write(b"".join(records))
+        loaded = impl.load_cache(src)
+        assert _rows(impl, loaded) == oracle.rows(cache), (
+            f"loading a file holding {oracle.rows(cache)[:4]}... gave {_rows(impl, loaded)[:4]}...")
+        impl.save_cache(loaded, out)
+        with open(out, "rb") as f:
+            data = f.read()
+    try:
+        saved = llama_format.from_bytes(data)
+    except ValueError as exc:
+        raise AssertionError(f"the saved file is not in llama.cpp's format ({exc}); its first bytes: "
+                             f"{data[:24].hex(' ', 4)}") from None
+    assert oracle.rows(saved) == oracle.rows(cache), (
+        f"the saved file holds {oracle.rows(saved)[:4]}..., expected {oracle.rows(cache)[:4]}... "
+        f"(first bytes {data[:24].hex(' ', 4)}; fields are little-endian int32)")
+
+
+def _damaged_files() -> list[tuple[str, bytes]]:
+    good = llama_format.to_bytes({(1, 2): {3: 4, 5: 6}, (7,): {8: 9}})
+    words = np.frombuffer(good, dtype=llama_format.INT32_LE).tolist()
+
+    def pack(ws):
+        return np.asarray(ws, dtype=llama_format.INT32_LE).tobytes()
+
+    return [
+        ("truncated in the middle of a record", good[:-8]),
+        ("truncated inside a record header", good[:12]),
+        ("size not a multiple of 4", good + b"\x01"),
+        ("ntokens = 0", pack(words[:4] + [0] + words[5 + 2 * words[4]:])),
+        ("a count of 0", pack(words[:6] + [0] + words[7:])),
+        ("a negative count", pack(words[:6] + [-5] + words[7:])),
+    ]
+
+
+@check("cache_files", needs=("load_cache",))
+def damaged_files_are_refused(impl):
+    """Truncated or corrupt cache files raise an error (ValueError or OSError) instead of loading."""
+    with tempfile.TemporaryDirectory(prefix="ngram-spec-conformance-") as tmp:
+        path = os.path.join(tmp, "damaged.bin")
+        for what, data in _damaged_files():
+            with open(path, "wb") as f:
+                f.write(data)
+            try:
+                cache = impl.load_cache(path)
+            except (ValueError, OSError):
+                continue
+            rows = _rows(impl, cache) if getattr(impl, "cache_entries", None) else "?"
+            raise AssertionError(f"a cache file with {what} ({len(data)} bytes: {data.hex(' ', 4)}) loaded "
+                                 f"without an error, as {rows}")
+        try:
+            impl.load_cache(os.path.join(tmp, "missing.bin"))
+        except (ValueError, OSError):
+            return
+        raise AssertionError("loading a cache file that does not exist raised no error")

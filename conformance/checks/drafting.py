@@ -1,0 +1,107 @@
+"""Drafting and fallback: context cache first (lax thresholds), then dynamic (strict), n = 4..1, then
+the static 2-gram alone; drafted tokens extend the n-gram window; stop at the first position where
+nothing passes. Checked against llama.cpp's own draft dumps and, on random streams, the rules."""
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from conformance import golden, oracle, vectors
+from conformance.registry import check
+from conformance.runner import Skip
+from conformance.strategies import streams, streams_with_caches
+
+
+def generate_and_compare(impl, stream, prompt_len, n_draft, st_src=None, dyn_src=None):
+    """Drive the backend's drafter through a generation whose output is ``stream``: after each draft,
+    the tokens the "model" agrees with plus the next true token are appended. Every draft must be
+    the one the rules give for the same sequence and caches."""
+    c_st = oracle.counts(st_src, sizes=(2,)) if st_src else None
+    c_dyn = oracle.counts(dyn_src) if dyn_src else None
+    drafter = impl.NgramDrafter(c_st=golden.to_backend(impl, c_st), c_dyn=golden.to_backend(impl, c_dyn))
+    seq = list(stream[:prompt_len])
+    drafter.reset(seq)
+    while True:
+        got = [int(t) for t in drafter.draft(n_draft)]
+        want = oracle.draft(seq, n_draft, oracle.counts(seq), c_dyn, c_st)
+        assert got == want, (
+            f"draft({n_draft}) after the tokens {seq} (static cache from {st_src}, dynamic cache from "
+            f"{dyn_src}): the rules draft {want}, the backend drafted {got}")
+        if len(seq) >= len(stream):
+            return
+        rest = stream[len(seq):]
+        n_ok = next((i for i, (d, t) in enumerate(zip(got, rest)) if d != t), min(len(got), len(rest)))
+        new = rest[:n_ok + 1]
+        drafter.extend(new)
+        seq += new
+
+
+@check("drafting", needs=("NgramDrafter",),
+       given=dict(stream=streams(), prompt_len=st.integers(0, 40), n_draft=st.integers(1, 8)), examples=60)
+def drafts_follow_the_rules_context_only(impl, stream, prompt_len, n_draft):
+    """With only the context cache, every draft during a generation is the one the rules give."""
+    generate_and_compare(impl, stream, prompt_len, n_draft)
+
+
+@check("drafting", needs=("NgramDrafter", "load_cache"),
+       given=dict(streams=streams_with_caches(), prompt_len=st.integers(0, 40), n_draft=st.integers(1, 8)),
+       examples=60)
+def drafts_follow_the_rules_with_all_caches(impl, streams, prompt_len, n_draft):
+    """With static and dynamic caches too, drafts follow the fallback order context > dynamic > static."""
+    stream, st_src, dyn_src = streams
+    generate_and_compare(impl, stream, prompt_len, n_draft, st_src, dyn_src)
+
+
+def chunk_dump(impl, case, chunk: int) -> tuple[list[str], list[str]]:
+    """Draft calls of one lookup-stats chunk, made with the backend's drafter; and llama.cpp's."""
+    start, n_ctx = chunk * case.n_ctx, case.n_ctx
+    X = golden.tokens(case.tokens)[start:start + n_ctx]
+    want = [line for line in vectors.dump_body(case) if start <= int(line.split()[0]) < start + n_ctx]
+    drafter = impl.NgramDrafter(c_st=golden.backend_cache(impl, case.static),
+                                c_dyn=golden.backend_cache(impl, case.dynamic))
+    drafter.reset(X[:1])
+    got, n = [], 1
+    while n < n_ctx:
+        d = [int(t) for t in drafter.draft(case.n_draft)]
+        got.append(golden.dump_line(start + n, d))
+        n_ok = next((i for i, (a, b) in enumerate(zip(d, X[n:])) if a != b), min(len(d), n_ctx - n))
+        new = X[n:n + n_ok + 1]
+        drafter.extend(new)
+        n += len(new)
+    return got, want
+
+
+def golden_first_chunks(impl, names) -> None:
+    for case in map(vectors.load_case, names):
+        if case.n_chunks == 0 or case.int32_overflow_products:
+            continue
+        if (case.static or case.dynamic) and getattr(impl, "load_cache", None) is None:
+            continue
+        got, want = chunk_dump(impl, case, 0)
+        problem = golden.first_difference(got, want, f"case {case.name}, first chunk")
+        assert problem is None, problem + f" (token file {case.tokens}, n_draft {case.n_draft})"
+
+
+@check("drafting", needs=("NgramDrafter",))
+def golden_draft_dumps(impl):
+    """Drafts during a generation equal llama.cpp's draft dumps (first chunk of each golden case)."""
+    try:
+        names = golden.DEFAULT_CASES
+        vectors.load_case(names[0])
+    except FileNotFoundError as exc:
+        raise Skip(f"the golden vectors are not installed: {exc}") from None
+    golden_first_chunks(impl, names)
+
+
+@check("drafting", needs=("NgramDrafter",), fast=False)
+def golden_draft_dumps_text(impl):
+    """Drafts on English text (cl100k tokens) equal llama.cpp's, with the 2M-token static cache under --thorough."""
+    names = ["a1-text-a-nostatic-c4096-d16"]
+    if thorough():
+        names += ["a3-text-a-static-c1024-d8", "a4-text-a-static-dyn-c4096-d16", "dyn-a-build", "s2-syn-v8-rep-nostatic-c4096-d16"]
+    golden_first_chunks(impl, names)
+
+
+def thorough() -> bool:
+    from conformance.runner import current_options
+
+    return current_options().thorough

@@ -1,0 +1,98 @@
+"""Replay statistics (llama-lookup-stats): ``floor((N-1)/n_ctx)`` chunks; in each, draft, accept the
+prefix the text agrees with, append the true next token; the context cache joins the dynamic cache
+after each chunk. ``n_drafted`` counts drafted tokens, ``n_accept`` accepted ones, one draft call
+per step."""
+from __future__ import annotations
+
+import inspect
+
+from hypothesis import strategies as st
+
+from conformance import golden, oracle, vectors
+from conformance.registry import check
+from conformance.runner import Skip, current_options
+from conformance.strategies import streams_with_caches
+
+# Multi-chunk golden cases of a default run (the dynamic cache carries over between chunks).
+DEFAULT_REPLAYS = golden.DEFAULT_CASES + ("e5-len8193-c4096-d16", "s2b-syn-v8-rep-nostatic-c2048-d8")
+
+
+def _replay(impl, tokens, n_ctx, n_draft, c_st, c_dyn, **extra):
+    calls: list[str] = []
+    stats = impl.replay(tokens, n_ctx=n_ctx, n_draft=n_draft, c_st=c_st, c_dyn=c_dyn,
+                        on_draft=lambda pos, d: calls.append(golden.dump_line(int(pos), [int(t) for t in d])),
+                        **extra)
+    return stats, calls
+
+
+def _compare_totals(stats, want: dict, what: str) -> None:
+    for key, value in want.items():
+        got = getattr(stats, key, None)
+        assert got == value, f"{what}: {key} = {got}, expected {value}"
+
+
+def golden_replays(impl, names, **extra) -> None:
+    for case in map(vectors.load_case, names):
+        stats, calls = _replay(impl, golden.tokens(case.tokens), case.n_ctx, case.n_draft,
+                               golden.backend_cache(impl, case.static), golden.backend_cache(impl, case.dynamic),
+                               **extra)
+        problem = golden.first_difference(calls, vectors.dump_body(case), f"case {case.name}")
+        assert problem is None, problem
+        _compare_totals(stats, {"n_chunks": case.n_chunks, "n_draft_calls": case.n_draft_calls,
+                                "n_drafted": case.n_drafted, "n_accept": case.n_accept}, f"case {case.name}")
+
+
+@check("replay", needs=("replay",))
+def golden_replay_statistics(impl):
+    """Replays give llama.cpp's draft calls, chunk count, drafted and accepted counts, call for call."""
+    names = list(DEFAULT_REPLAYS)
+    if current_options().thorough:
+        names += [c.name for c in vectors.drafting_cases()
+                  if c.name not in names and not c.int32_overflow_products]
+    if any(vectors.load_case(n).static or vectors.load_case(n).dynamic for n in names) and \
+            getattr(impl, "load_cache", None) is None:
+        names = [n for n in names if not (vectors.load_case(n).static or vectors.load_case(n).dynamic)]
+    golden_replays(impl, names)
+
+
+@check("replay", needs=("replay", "load_cache"))
+def golden_int32_wrapped_scores(impl):
+    """With score="int32", scores wrap like llama.cpp's int32 product (case o1; 83,959 products overflow)."""
+    if "score" not in inspect.signature(impl.replay).parameters:
+        raise Skip("replay() has no score= option for llama.cpp's wrapping int32 product (optional)")
+    golden_replays(impl, ["o1-ovf-static-c4096-d8"], score="int32")
+
+
+@check("replay", needs=("replay", "cache_entries"))
+def golden_dynamic_cache_after_replay(impl):
+    """The dynamic cache after a replay holds every replayed chunk's n-grams (cases edge-neg-dyn-build, dyn-a-build)."""
+    for name in ("edge-neg-dyn-build", "dyn-a-build"):
+        case = vectors.load_case(name)
+        stats = impl.replay(golden.tokens(case.tokens), n_ctx=case.n_ctx, n_draft=case.n_draft)
+        if getattr(stats, "c_dyn", None) is None:
+            raise Skip("the replay statistics carry no c_dyn (the dynamic cache after the replay; optional)")
+        rows = sorted(tuple(int(x) for x in r) for r in impl.cache_entries(stats.c_dyn))
+        text = "".join(" ".join(map(str, r)) + "\n" for r in rows).encode()
+        import hashlib
+
+        want = case.saved_dynamic["canonical_sha256"]
+        assert hashlib.sha256(text).hexdigest() == want, (
+            f"case {name}: the dynamic cache after the replay has {len(rows)} entries and a canonical "
+            f"SHA-256 other than llama.cpp's {want}")
+
+
+@check("replay", needs=("replay", "load_cache"),
+       given=dict(streams=streams_with_caches(), n_ctx=st.integers(2, 40), n_draft=st.integers(1, 8)),
+       examples=40)
+def replay_follows_the_rules(impl, streams, n_ctx, n_draft):
+    """On random streams, chunking, draft calls and the totals follow lookup-stats' rules."""
+    stream, st_src, dyn_src = streams
+    c_st = oracle.counts(st_src, sizes=(2,)) if st_src else None
+    c_dyn = oracle.counts(dyn_src) if dyn_src else None
+    want = oracle.replay(stream, n_ctx, n_draft, c_st, c_dyn)
+    stats, calls = _replay(impl, stream, n_ctx, n_draft, golden.to_backend(impl, c_st), golden.to_backend(impl, c_dyn))
+    what = f"replay of {stream} with n_ctx={n_ctx}, n_draft={n_draft} (static from {st_src}, dynamic from {dyn_src})"
+    problem = golden.first_difference(calls, [golden.dump_line(p, d) for p, d in want.calls], what)
+    assert problem is None, problem
+    _compare_totals(stats, {"n_chunks": want.n_chunks, "n_draft_calls": len(want.calls),
+                            "n_drafted": want.n_drafted, "n_accept": want.n_accept}, what)

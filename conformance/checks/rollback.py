@@ -1,0 +1,72 @@
+"""State rollback: after a verify forward over S tokens, ``keep(m)`` leaves the model state exactly
+as if only the first m tokens had been fed, for every layer kind (attention KV rows, GatedDeltaNet
+conv window and recurrent matrix), also after 1-token steps (no draft) between drafted ones. The
+state is observed through the logits of the next forward, so any backend's state layout works."""
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import strategies as st
+
+from conformance import models
+from conformance.registry import check
+
+ROLLBACK = ("load_model", "make_cache", "forward", "keep")
+TOLERANCE = 1e-4  # float32 logits of tiny models are O(1); a state off by one token moves them by > 1e-2
+
+
+@st.composite
+def verify_steps(draw):
+    """``(tokens, m)`` pairs: a verify forward over S = len(tokens) tokens keeping the first m
+    (S = 1: a step with no draft)."""
+    steps = []
+    for _ in range(draw(st.integers(1, 6))):
+        S = draw(st.sampled_from([1, 1, 2, 3, 4, 6]))
+        tokens = draw(st.lists(st.integers(0, models.VOCAB - 1), min_size=S, max_size=S))
+        steps.append((tokens, draw(st.integers(1, S))))
+    return steps
+
+
+def run_steps(impl, model, prompt, steps):
+    """Feed ``prompt`` then each verify step, keeping m of S; return the cache and the kept tokens."""
+    cache = impl.make_cache(model)
+    impl.forward(model, prompt, cache)
+    impl.keep(cache, len(prompt))
+    kept = list(prompt)
+    for tokens, m in steps:
+        impl.forward(model, tokens, cache)
+        impl.keep(cache, m)
+        kept += tokens[:m]
+    return cache, kept
+
+
+def assert_state_equals_fed(impl, model, prompt, steps, what):
+    cache, kept = run_steps(impl, model, prompt, steps)
+    fed = impl.make_cache(model)
+    for t in kept:  # the kept tokens one at a time: no rollback involved
+        impl.forward(model, [t], fed)
+        impl.keep(fed, 1)
+    probe = [kept[-1] ^ 1]
+    got = np.asarray(impl.forward(model, probe, cache), dtype=np.float64)[-1]
+    want = np.asarray(impl.forward(model, probe, fed), dtype=np.float64)[-1]
+    err = float(np.max(np.abs(got - want)))
+    assert err <= TOLERANCE, (
+        f"{what}: after the verify steps (tokens, m) {steps} the state differs from feeding the kept tokens "
+        f"{kept} one at a time: next-token logits differ by up to {err:.3g} (tolerance {TOLERANCE})")
+
+
+@check("rollback", needs=ROLLBACK,
+       given=dict(model=models.models, prompt=models.prompts(max_size=8), steps=verify_steps()), examples=15)
+def keep_m_equals_feeding_m_tokens(impl, model, prompt, steps):
+    """keep(m) after a forward over S tokens gives the state of feeding those m tokens one at a time."""
+    m = models.load(impl, *model)
+    assert_state_equals_fed(impl, m, prompt, steps, f"tiny {model[0]} (seed {model[1]}), prompt {prompt}")
+
+
+@check("rollback", needs=ROLLBACK)
+def zero_draft_steps_between_drafted_steps(impl):
+    """Steps with no draft (S = 1) between drafted steps leave no stale state, in every architecture."""
+    shape = [(1, 1), (4, 2), (1, 1), (1, 1), (3, 1), (1, 1), (5, 5), (2, 1), (1, 1)]  # (S, m)
+    steps = [([10 + 7 * i + j for j in range(S)], m) for i, (S, m) in enumerate(shape)]
+    for arch in models.ARCHS:
+        m = models.load(impl, arch, 0)
+        assert_state_equals_fed(impl, m, [5, 6, 7], steps, f"tiny {arch} (seed 0), prompt [5, 6, 7]")

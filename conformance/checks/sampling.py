@@ -1,0 +1,91 @@
+"""Sampling distribution: with temperature > 0, drafts must not change what is sampled. A drafted
+token d is accepted with probability p(d), otherwise a token is drawn from p without d,
+renormalised; so each emitted token is distributed exactly as plain sampling's p. Checked with
+chi-square tests against p computed from the backend's own logits, over fixed seeds."""
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+
+from conformance import models
+from conformance.registry import check
+
+SAMPLING = ("load_model", "sample_step", "make_cache", "forward")
+N_SAMPLES = 300
+P_FAIL = 1e-4  # a correct backend fails a test with this probability (the seeds are fixed, so it is reproducible)
+
+
+class FixedDrafter:
+    """Offers the same drafts at the first step, nothing afterwards."""
+
+    def __init__(self, drafts):
+        self.drafts, self.calls = list(drafts), 0
+
+    def reset(self, prompt):
+        self.calls = 0
+
+    def extend(self, tokens):
+        pass
+
+    def draft(self, n_draft):
+        self.calls += 1
+        return self.drafts[:n_draft] if self.calls == 1 else []
+
+
+def probs(impl, model, tokens, temperature) -> np.ndarray:
+    logits = np.asarray(impl.forward(model, list(tokens), impl.make_cache(model)), dtype=np.float64)[-1]
+    z = np.exp((logits - logits.max()) / temperature)
+    return z / z.sum()
+
+
+def chi_square_p_value(observed: Counter, p: np.ndarray, bins: list[list[int]]) -> tuple[float, list]:
+    """p-value of the observed counts in ``bins`` (lists of tokens; the rest is one more bin)."""
+    n = sum(observed.values())
+    in_bins = {t for b in bins for t in b}
+    obs = [sum(observed[t] for t in b) for b in bins] + [sum(c for t, c in observed.items() if t not in in_bins)]
+    exp = [n * sum(p[t] for t in b) for b in bins] + [n * (1 - sum(p[t] for t in in_bins))]
+    x = sum((o - e) ** 2 / e for o, e in zip(obs, exp) if e > 0)
+    df = len(obs) - 1  # 1 or 2 here: closed forms of the chi-square survival function
+    p_value = math.erfc(math.sqrt(x / 2)) if df == 1 else math.exp(-x / 2)
+    return p_value, list(zip(obs, [round(e, 1) for e in exp]))
+
+
+def pick_temperature(impl, model, prompt) -> float:
+    """A temperature at which the most likely token has probability 0.2..0.8 (so both outcomes occur)."""
+    for t in (2.0, 1.0, 0.5, 0.25, 0.1, 0.05):
+        if 0.2 <= probs(impl, model, prompt, t).max() <= 0.8:
+            return t
+    return 1.0
+
+
+@check("sampling", needs=SAMPLING)
+def drafts_do_not_change_the_distribution(impl):
+    """At temperature > 0, the first token with a draft offered, and the token after an accepted draft, follow p."""
+    arch, prompt = "qwen3_5", [72, 101, 108, 108, 111]
+    model = models.load(impl, arch, 0)
+    T = pick_temperature(impl, model, prompt)
+    p1 = probs(impl, model, prompt, T)
+    d1 = int(np.argmax(p1))
+    p2 = probs(impl, model, prompt + [d1], T)
+    d2 = int(np.argmax(p2))
+    second1 = int(np.argsort(p1)[-2])
+    for label, drafter_of in (("plain sampling", lambda: None), ("drafts [d1, d2]", lambda: FixedDrafter([d1, d2]))):
+        firsts, seconds = Counter(), Counter()
+        for seed in range(N_SAMPLES):
+            out = [int(t) for t in impl.sample_step(model, prompt, 2, temperature=T, seed=seed,
+                                                    drafter=drafter_of(), draft_max=2)]
+            firsts[out[0]] += 1
+            if out[0] == d1 and len(out) > 1:
+                seconds[out[1]] += 1
+        pv, table = chi_square_p_value(firsts, p1, [[d1], [second1]])
+        assert pv >= P_FAIL, (
+            f"{label} on tiny {arch}, prompt {prompt}, temperature {T}: the first token's counts "
+            f"(observed, expected) for [d1={d1}, second={second1}, others] are {table} over {N_SAMPLES} "
+            f"seeds 0..{N_SAMPLES - 1}; chi-square p = {pv:.2g} < {P_FAIL}")
+        if sum(seconds.values()) >= 30:
+            pv, table = chi_square_p_value(seconds, p2, [[d2]])
+            assert pv >= P_FAIL, (
+                f"{label} on tiny {arch}, prompt {prompt}, temperature {T}: after d1={d1}, the second "
+                f"token's counts (observed, expected) for [d2={d2}, others] are {table}; chi-square p = {pv:.2g}")

@@ -1,0 +1,86 @@
+"""Thresholds and ties: a level drafts its best follower y* iff ``F >= a_n`` and ``100 c(y*) >= p_n F``
+(lax a = 2 2 1 1, p = 66 50 50 50 for the context cache; strict a = 4 3 2 2, p = 75 66 66 66 for the
+dynamic cache); y* maximises ``c(y) w(y)``, ``w(y) = 100 c_st(y)`` or 1; ties go to the smallest id.
+Tiny vocabularies make ties and exact threshold boundaries frequent."""
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from conformance import golden, vectors
+from conformance.oracle import counts
+from conformance.checks.drafting import generate_and_compare, golden_first_chunks
+from conformance.registry import check
+from conformance.strategies import streams_with_caches, tiny_vocab_streams
+
+
+@check("thresholds", needs=("NgramDrafter",))
+def ties_go_to_the_smallest_token(impl):
+    """Among followers with the same best score, the smallest token id is drafted."""
+    cases = [  # (context, expected draft of 1 token, why)
+        ([3, 1, 7, 3, 1, 9, 3, 1], [7], "2-gram (3, 1) is followed by 7 once and 9 once: 50 % passes p_2 = 50, tie -> 7"),
+        ([3, 1, 9, 3, 1, 7, 3, 1], [7], "the same counts seen in the other order: still 7"),
+        ([2, 8, 2, 6, 2], [], "1-gram (2,) is followed by 8 once and 6 once: 50 % < p_1 = 66, no draft"),
+    ]
+    for context, want, why in cases:
+        drafter = impl.NgramDrafter()
+        drafter.reset(context)
+        got = [int(t) for t in drafter.draft(1)]
+        assert got == want, f"draft(1) after {context}: expected {want} ({why}), got {got}"
+
+
+@check("thresholds", needs=("NgramDrafter", "load_cache"))
+def static_ties_go_to_the_smallest_token(impl):
+    """The static-only fallback drafts the most frequent follower, ties to the smallest id, if it has >= 50 %."""
+    cases = [  # (static cache source, context, expected)
+        ([4, 5, 9, 4, 5, 7], [4, 5], [7], "static (4, 5) -> {9: 1, 7: 1}: 50 % of 2 passes, tie -> 7"),
+        ([4, 5, 9], [4, 5], [], "static (4, 5) -> {9: 1}: a sample of 1 < 2, no draft"),
+    ]
+    for src, context, want, why in cases:
+        c_st = golden.to_backend(impl, counts(src, sizes=(2,)))
+        drafter = impl.NgramDrafter(c_st=c_st)
+        drafter.reset(context)
+        got = [int(t) for t in drafter.draft(1)]
+        assert got == want, f"draft(1) after {context} with the static cache of {src}: expected {want} ({why}), got {got}"
+
+
+@check("thresholds", needs=("NgramDrafter", "load_cache"))
+def static_weights_choose_the_follower(impl):
+    """Scores are c(y) * w(y) with w(y) = 100 c_st(X_2, y); the percentage test uses the winner's own count."""
+    c_st = golden.to_backend(impl, counts([3, 4, 9], sizes=(2,)))  # static: (3, 4) -> {9: 1}
+    cases = [
+        ([1, 2, 3, 4, 7, 1, 2, 3, 4, 9, 1, 2, 3, 4], [9],
+         "4-gram (1, 2, 3, 4) -> {7: 1, 9: 1}: s(7) = 1, s(9) = 1 * 100; 9 has 50 % >= p_4 = 50"),
+        ([1, 2, 3, 4, 7, 1, 2, 3, 4, 7, 1, 2, 3, 4, 9, 1, 2, 3, 4], [],
+         "every level has {7: 2, 9: 1}: the weighted winner 9 has 33 % < 50 %, so no level passes, "
+         "and the static 2-gram alone has a sample of 1 < 2"),
+    ]
+    for context, want, why in cases:
+        drafter = impl.NgramDrafter(c_st=c_st)
+        drafter.reset(context)
+        got = [int(t) for t in drafter.draft(1)]
+        assert got == want, (f"draft(1) after {context} with the static cache (3, 4) -> {{9: 1}}: "
+                             f"expected {want} ({why}), got {got}")
+
+
+@check("thresholds", needs=("NgramDrafter",),
+       given=dict(stream=tiny_vocab_streams(), prompt_len=st.integers(0, 30), n_draft=st.integers(1, 6)),
+       examples=80)
+def tiny_vocabulary_context_only(impl, stream, prompt_len, n_draft):
+    """On 2-4 token vocabularies (ties and exact threshold boundaries everywhere) drafts follow the lax rules."""
+    generate_and_compare(impl, stream, prompt_len, n_draft)
+
+
+@check("thresholds", needs=("NgramDrafter", "load_cache"),
+       given=dict(streams=streams_with_caches(tiny_vocab_streams), prompt_len=st.integers(0, 30),
+                  n_draft=st.integers(1, 6)), examples=80)
+def tiny_vocabulary_all_caches(impl, streams, prompt_len, n_draft):
+    """On 2-4 token vocabularies with static and dynamic caches, drafts follow the strict rules and weights."""
+    stream, st_src, dyn_src = streams
+    generate_and_compare(impl, stream, prompt_len, n_draft, st_src, dyn_src)
+
+
+@check("thresholds", needs=("NgramDrafter",))
+def golden_dense_ties(impl):
+    """On a uniform 3-token stream, drafts equal llama.cpp's (first chunk of case s1, where 8 % of the evaluated levels tie)."""
+    vectors.load_case("s1-syn-v3-nostatic-c4096-d16")
+    golden_first_chunks(impl, ["s1-syn-v3-nostatic-c4096-d16"])

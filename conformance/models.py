@@ -1,0 +1,94 @@
+"""Tiny random models for the model areas, and a drafter that offers what a schedule says.
+
+Models are written once per process by :func:`reference.tiny.write_tiny_model` (mlx-lm's directory
+format, float32, vocabulary 260) and loaded by the backend's own ``load_model``, so every backend
+runs the same weights. Token ids below 256 are ordinary (bytes); 256 is EOS.
+"""
+from __future__ import annotations
+
+import atexit
+import shutil
+import tempfile
+from pathlib import Path
+
+from hypothesis import strategies as st
+
+ARCHS = ("qwen3_5", "qwen3_next", "llama")  # every architecture of reference.tiny
+SEEDS = (0, 1)
+VOCAB = 256  # prompts and forced-wrong drafts stay below the special tokens
+
+_dirs: dict[tuple[str, int], Path] = {}
+_loaded: dict[tuple[int, str, int], object] = {}
+_root: Path | None = None
+
+
+def model_dir(arch: str, seed: int) -> Path:
+    """The directory of the tiny ``arch`` model drawn from ``seed`` (written on first use)."""
+    global _root
+    from reference.tiny import write_tiny_model
+
+    if (arch, seed) not in _dirs:
+        if _root is None:
+            _root = Path(tempfile.mkdtemp(prefix="ngram-spec-conformance-models-"))
+            atexit.register(shutil.rmtree, _root, True)
+        _dirs[arch, seed] = write_tiny_model(_root / f"{arch}-{seed}", arch, seed=seed)
+    return _dirs[arch, seed]
+
+
+def load(impl, arch: str, seed: int):
+    """The backend's model for ``(arch, seed)``, loaded once per backend object."""
+    key = (id(impl), arch, seed)
+    if key not in _loaded:
+        _loaded[key] = impl.load_model(str(model_dir(arch, seed)))
+    return _loaded[key]
+
+
+models = st.tuples(st.sampled_from(ARCHS), st.sampled_from(SEEDS))
+
+
+@st.composite
+def prompts(draw, max_size: int = 24) -> list[int]:
+    """A prompt that repeats itself (so the n-gram drafter finds drafts) or one that does not."""
+    if draw(st.booleans()):
+        period = draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=6))
+        n = draw(st.integers(1, max_size))
+        return [period[i % len(period)] for i in range(n)]
+    return draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=max_size))
+
+
+class ScriptedDrafter:
+    """A drafter (``reset``, ``extend``, ``draft``) that offers, step by step, what ``schedule`` says,
+    knowing the true greedy continuation ``truth``: ``("true", k)`` the next k true tokens,
+    ``("wrong", j)`` j true tokens then a wrong one, ``("empty",)`` nothing. After the schedule
+    runs out it offers nothing. ``offered`` records ``(tokens generated so far, drafts)`` per call."""
+
+    def __init__(self, truth: list[int], schedule: list[tuple]):
+        self.truth, self.schedule = list(truth), list(schedule)
+        self.prompt_len = 0
+        self.tokens: list[int] = []
+        self.offered: list[list[int]] = []
+
+    def reset(self, prompt) -> None:
+        self.tokens = [int(t) for t in prompt]
+        self.prompt_len = len(self.tokens)
+        self.offered = []
+
+    def extend(self, tokens) -> None:
+        self.tokens += [int(t) for t in tokens]
+
+    def draft(self, n_draft: int) -> list[int]:
+        step = self.schedule[len(self.offered)] if len(self.offered) < len(self.schedule) else ("empty",)
+        pos = len(self.tokens) - self.prompt_len  # generated so far
+        true = self.truth[pos:pos + 8]
+        if step[0] == "true":
+            d = true[:step[1]]
+        elif step[0] == "wrong":
+            right = true[:step[1]]
+            wrong_at = pos + len(right)
+            t = self.truth[wrong_at] if wrong_at < len(self.truth) else 0
+            d = right + [(t + 1) % VOCAB]
+        else:
+            d = []
+        d = d[:n_draft]
+        self.offered.append((pos, d))
+        return d

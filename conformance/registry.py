@@ -1,0 +1,70 @@
+"""The areas of the suite and the checks in each.
+
+A check is a function of the backend under test (and, for a property check, of examples drawn by
+hypothesis strategies) that raises ``AssertionError`` with a readable message when the backend does
+something the specification forbids. ``needs`` names the protocol members it uses
+(``docs/conformance.md``); a backend without them gets "not applicable" for that check, not "passed".
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+# Areas in report order: id -> what a reader sees.
+AREAS = {
+    "counts": "n-gram counts",
+    "drafting": "drafting and fallback",
+    "thresholds": "thresholds and ties",
+    "cache_files": "cache files",
+    "replay": "replay statistics",
+    "rollback": "state rollback",
+    "greedy": "speculative greedy equivalence",
+    "sampling": "sampling distribution",
+}
+
+
+@dataclass(frozen=True)
+class Check:
+    area: str
+    name: str
+    doc: str  # one sentence: the rule the check holds the backend to
+    fn: Callable[..., None]
+    needs: tuple[str, ...] = ()
+    given: dict[str, Any] = field(default_factory=dict)  # hypothesis strategies, by argument name
+    examples: int = 0  # property checks: examples in a default run (``--thorough``: x THOROUGH)
+    fast: bool = True  # part of ``--fast`` runs (the meta-tests use those)
+
+    @property
+    def id(self) -> str:
+        return f"{self.area}.{self.name}"
+
+    @property
+    def is_property(self) -> bool:
+        return bool(self.given)
+
+
+_CHECKS: list[Check] = []
+
+
+def check(area: str, *, needs: tuple[str, ...] = (), given: dict[str, Any] | None = None,
+          examples: int = 20, fast: bool = True):
+    """Register the decorated function as a check of ``area``; its docstring's first line states the rule."""
+    if area not in AREAS:
+        raise ValueError(f"unknown area {area!r}; areas are {', '.join(AREAS)}")
+
+    def register(fn: Callable[..., None]) -> Callable[..., None]:
+        doc = (fn.__doc__ or fn.__name__).strip().splitlines()[0]
+        _CHECKS.append(Check(area, fn.__name__, doc, fn, tuple(needs), dict(given or {}),
+                             examples if given else 0, fast))
+        return fn
+
+    return register
+
+
+def all_checks() -> list[Check]:
+    """Every check, in area order then definition order."""
+    import conformance.checks  # noqa: F401  (registers the checks)
+
+    order = list(AREAS)
+    return sorted(_CHECKS, key=lambda c: order.index(c.area))

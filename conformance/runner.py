@@ -1,0 +1,176 @@
+"""Run the checks against a backend and collect one result per check.
+
+A property check runs under hypothesis with a fixed seed (printed in the report), so a failure is
+reproduced by ``--seed``; hypothesis shrinks it to the smallest failing example, which the report
+shows. No example database is written: the seed alone reproduces a run.
+"""
+from __future__ import annotations
+
+import random
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import hypothesis
+from hypothesis import HealthCheck
+
+from conformance.backend import Backend
+from conformance.registry import Check
+
+PASSED, FAILED, SKIPPED, NOT_APPLICABLE = "passed", "failed", "skipped", "not applicable"
+THOROUGH = 10  # --thorough runs this many times the default number of examples
+
+
+class Skip(Exception):
+    """Raised by a check that cannot run here (e.g. an optional file is absent): reported as skipped."""
+
+
+@dataclass
+class Options:
+    seed: int = field(default_factory=lambda: random.randrange(2**31))
+    thorough: bool = False
+    examples: int | None = None  # overrides every property check's number of examples
+
+    def max_examples(self, check: Check) -> int:
+        if self.examples is not None:
+            return self.examples
+        return check.examples * (THOROUGH if self.thorough else 1)
+
+
+@dataclass
+class CheckResult:
+    id: str
+    area: str
+    rule: str
+    status: str
+    seconds: float = 0.0
+    message: str = ""  # why it failed, was skipped or does not apply
+    example: str = ""  # the smallest failing example (property checks)
+    seed: int | None = None
+    notes: list[str] = field(default_factory=list)  # what a passing check accepted (e.g. near-ties)
+
+    def as_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if v not in ("", None, [])}
+
+
+_current = Options(seed=0)
+_notes: list[str] = []
+
+
+def current_options() -> Options:
+    """The options of the run in progress (checks that choose golden cases read ``thorough``)."""
+    return _current
+
+
+def note(message: str) -> None:
+    """Record something a passing check accepted and the report must show (at most 5 kept)."""
+    if len(_notes) < 5 and message not in _notes:
+        _notes.append(message)
+
+
+def run_check(check: Check, backend: Backend, options: Options) -> CheckResult:
+    """Run one check; never raises (a crash of the backend is a failure of the check)."""
+    global _current
+    _current = options
+    _notes.clear()
+    result = CheckResult(check.id, check.area, check.doc, PASSED)
+    missing = backend.missing(check.needs)
+    if missing:
+        result.status = NOT_APPLICABLE
+        result.message = f"the backend does not provide {', '.join(missing)}"
+        return result
+    t0 = time.perf_counter()
+    try:
+        _call(check, backend.impl, options)
+    except Skip as exc:
+        result.status, result.message = SKIPPED, str(exc)
+    except Exception as exc:  # noqa: BLE001 - any exception is the check failing
+        result.status = FAILED
+        result.message = _describe(exc)
+        result.example = _falsifying_example(exc)
+        result.seed = options.seed
+    result.seconds = round(time.perf_counter() - t0, 3)
+    result.notes = list(_notes)
+    return result
+
+
+def _call(check: Check, impl: object, options: Options) -> None:
+    if not check.is_property:
+        check.fn(impl)
+        return
+
+    def run_example(**drawn):
+        check.fn(impl, **drawn)
+
+    run_example.__name__ = run_example.__qualname__ = check.name
+    test = hypothesis.given(**check.given)(run_example)
+    test = hypothesis.settings(
+        max_examples=options.max_examples(check), deadline=None, database=None,
+        derandomize=False, report_multiple_bugs=False, print_blob=False,
+        suppress_health_check=list(HealthCheck), phases=[p for p in hypothesis.Phase if p != hypothesis.Phase.explain],
+    )(test)
+    hypothesis.seed(options.seed)(test)()
+
+
+def _describe(exc: BaseException) -> str:
+    """The failure in words: the check's own message, or where the backend crashed."""
+    if isinstance(exc, AssertionError) and str(exc):
+        return str(exc)
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return f"raised {type(exc).__name__}: {exc}{where}"
+
+
+def _falsifying_example(exc: BaseException) -> str:
+    """Hypothesis's "Falsifying example: ..." note, without the heading."""
+    for note in getattr(exc, "__notes__", []):
+        if note.startswith("Falsifying example:"):
+            return note.split(":", 1)[1].strip()
+    return ""
+
+
+@dataclass
+class Report:
+    backend: str
+    seed: int
+    thorough: bool
+    results: list[CheckResult] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def failed(self) -> bool:
+        return any(r.status == FAILED for r in self.results)
+
+    def area_status(self, area: str) -> str:
+        """failed if any check failed; passed if some passed; else skipped or not applicable."""
+        statuses = {r.status for r in self.results if r.area == area}
+        for status in (FAILED, PASSED, SKIPPED, NOT_APPLICABLE):
+            if status in statuses:
+                return status
+        return SKIPPED  # no check of this area was selected
+
+    def as_dict(self) -> dict:
+        from conformance.registry import AREAS
+
+        return {
+            "backend": self.backend, "seed": self.seed, "thorough": self.thorough,
+            "passed": not self.failed, "seconds": round(self.seconds, 2),
+            "areas": [{"area": a, "title": t, "status": self.area_status(a),
+                       "checks": [r.as_dict() for r in self.results if r.area == a]}
+                      for a, t in AREAS.items()],
+        }
+
+
+def run_suite(backend: Backend, checks: Iterable[Check], options: Options,
+              on_result: Callable[[CheckResult], None] | None = None) -> Report:
+    """Run ``checks`` in order; ``on_result`` sees each result as it arrives (progress output)."""
+    report = Report(backend.name, options.seed, options.thorough)
+    t0 = time.perf_counter()
+    for check in checks:
+        result = run_check(check, backend, options)
+        report.results.append(result)
+        if on_result:
+            on_result(result)
+    report.seconds = time.perf_counter() - t0
+    return report

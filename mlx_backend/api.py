@@ -1,0 +1,98 @@
+"""The n-gram API of the fast backend (``--backend mlx``): the names of ``reference.api`` on array
+tables (:mod:`mlx_backend.ngram_tables`, :mod:`mlx_backend.tables_sorted`,
+:mod:`mlx_backend.static_file`), with the same drafts, counts and cache contents.
+
+Caches are :class:`SortedCache` (immutable sorted arrays, memory-mapped when opened from a file of
+our format) or :class:`HashTable` (the mutable context/dynamic tables). Every function also accepts
+the reference's ``NgramCache`` and file paths of either format.
+
+>>> import mlx_backend.api as api
+>>> c = api.build_static([1, 2, 3, 1, 2, 4])
+>>> api.cache_entries(c)
+[(2, 1, 2, -1, -1, 3, 1), (2, 1, 2, -1, -1, 4, 1), (2, 2, 3, -1, -1, 1, 1), (2, 3, 1, -1, -1, 2, 1)]
+>>> api.cache_entries(api.merge_caches([c, c]))[0]
+(2, 1, 2, -1, -1, 3, 2)
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from mlx_backend import tables_sorted
+from mlx_backend.ngram_tables import HashTable, ngram_words
+from mlx_backend.replay import replay
+from mlx_backend.static_file import (CacheFormatError, detect_format, load_cache, save_cache,
+                                     vocab_fingerprint)
+from mlx_backend.tables_drafter import NgramDrafter
+from mlx_backend.tables_sorted import SortedCache, from_table
+from reference.cache_file import CacheFileError
+from reference.ngram_cache import NgramCache
+from reference.replay import ReplayStats
+from reference.tokens import read_tokens, write_tokens
+
+NAME = "mlx"
+
+__all__ = [
+    "NAME", "CacheFileError", "CacheFormatError", "HashTable", "NgramDrafter", "ReplayStats", "SortedCache",
+    "as_sorted", "as_table", "build_static", "cache_entries", "context_counts", "convert", "detect_format",
+    "load_cache", "merge_caches", "read_tokens", "replay", "save_cache", "vocab_fingerprint", "write_tokens",
+]
+
+
+def from_reference(cache: NgramCache) -> SortedCache:
+    """The sorted form of a reference ``NgramCache``."""
+    rows = [(eta, y, c) for eta, part in cache.counts.items() for y, c in part.items()]
+    if not rows:
+        return SortedCache()
+    words = np.array([ngram_words(eta) for eta, _, _ in rows], np.int64)
+    return tables_sorted.cache_from_rows(words[:, 0], words[:, 1], [y for _, y, _ in rows], [c for _, _, c in rows])
+
+
+def as_sorted(cache) -> SortedCache:
+    """``cache`` as a :class:`SortedCache` (``None`` -> empty; a path is loaded, either format)."""
+    if cache is None:
+        return SortedCache()
+    if isinstance(cache, SortedCache):
+        return cache
+    if isinstance(cache, HashTable):
+        return from_table(cache)
+    if isinstance(cache, NgramCache):
+        return from_reference(cache)
+    if isinstance(cache, (str, os.PathLike)):
+        return load_cache(cache)
+    raise TypeError(f"not a cache: {type(cache).__name__}")
+
+
+def as_table(cache, copy: bool = True) -> HashTable:
+    """``cache`` as a mutable :class:`HashTable` (copied unless ``copy=False`` and it already is one)."""
+    if isinstance(cache, HashTable):
+        return cache.copy() if copy else cache
+    return as_sorted(cache).to_hash_table()
+
+
+def build_static(tokens, progress: bool | None = False) -> SortedCache:
+    """The static cache of a token stream (``llama-lookup-create``: 2-grams only), built vectorized."""
+    return tables_sorted.build_static(np.asarray(tokens), progress=progress)
+
+
+def merge_caches(caches) -> SortedCache:
+    """A new cache with the counts of all ``caches`` summed (``llama-lookup-merge``)."""
+    return tables_sorted.merge_caches([as_sorted(c) if not isinstance(c, HashTable) else c for c in caches])
+
+
+def cache_entries(cache) -> list[tuple[int, int, int, int, int, int, int]]:
+    """Canonical sorted rows ``(n, t0, t1, t2, t3, token, count)``."""
+    return as_sorted(cache).entries()
+
+
+def context_counts(drafter: NgramDrafter) -> HashTable:
+    """The drafter's context cache ``c_ctx``."""
+    return drafter.c_ctx
+
+
+def convert(src, dst, to: str = "ours") -> SortedCache:
+    """Convert a cache file to format ``to`` (``"ours"`` or ``"llama"``); the content is unchanged."""
+    cache = load_cache(src, verify=True)
+    save_cache(cache, dst, format=to)
+    return cache

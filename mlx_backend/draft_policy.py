@@ -1,0 +1,158 @@
+"""Cost-aware draft length: draft only as many tokens as pay off on this model and machine.
+
+A verify forward over ``S = n + 1`` tokens costs ``c(S)`` (measured once per model and machine
+by :func:`measure_verify_cost`, kept in memory and optionally in a JSON file). With ``a_i`` the
+probability that draft token i is accepted given that tokens 1..i-1 were, drafting n tokens
+yields on average
+
+    E(n) = 1 + sum_{j=1..n} prod_{i<=j} a_i          tokens per forward,
+
+so the policy drafts the ``n`` (at most the drafter's proposal length) that maximises the token
+rate ``E(n) / c(n + 1)``; ``n = 0`` (a plain step) whenever no draft length beats ``1 / c(1)``.
+
+``a_i`` is an exponentially weighted moving average (weight ``alpha``) updated from *every*
+proposal of the drafter, verified or not: a proposal made before position t is compared with
+the tokens the model then emits at t+1, t+2, ... (for verified drafts this is the verification
+itself; for drafts the policy did not verify, the later output tells the same thing). The policy
+therefore keeps learning while it drafts nothing, and starts drafting when acceptance rises.
+
+>>> policy = DraftPolicy([1.0, 1.1, 1.2, 1.3], prior=0.9)   # verify of 2..4 tokens nearly free
+>>> policy.choose(3)
+3
+>>> flat = DraftPolicy([1.0, 2.0, 3.0, 4.0], prior=0.9)     # every extra row costs a full row
+>>> flat.choose(3)
+0
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+from mlx_lm.models.cache import make_prompt_cache
+
+from mlx_backend.rollback import VerifyCache
+
+DEFAULT_K_MAX = 8
+_COSTS: dict[str, list[float]] = {}
+
+
+class DraftPolicy:
+    """Chooses the draft length from verify costs ``costs[S - 1]`` and tracked acceptance."""
+
+    def __init__(self, costs: list[float], *, alpha: float = 0.1, prior: float = 0.5):
+        if len(costs) < 1 or costs[0] <= 0:
+            raise ValueError("costs must hold c(1) > 0, c(2), ...")
+        self.costs = [max(costs[: i + 1]) for i in range(len(costs))]  # c(S) never decreases
+        self.k_max = len(costs) - 1
+        self.alpha = alpha
+        self.accept = [prior] * self.k_max      # a_i, i = 1..k_max
+        self.decisions: dict[int, int] = {}     # chosen n -> how often
+        self._pending: list[list] = []          # [proposal, tokens matched so far]
+
+    def expected_tokens(self, n: int) -> float:
+        """E(n): the mean number of tokens emitted by a forward that verifies n drafts."""
+        total, run = 1.0, 1.0
+        for a in self.accept[:n]:
+            run *= a
+            total += run
+        return total
+
+    def choose(self, n_available: int) -> int:
+        """The draft length (at most ``n_available``) with the best tokens per unit of cost."""
+        limit = min(n_available, self.k_max)
+        rates = [self.expected_tokens(n) / self.costs[n] for n in range(limit + 1)]
+        n = max(range(limit + 1), key=lambda i: (rates[i], -i))
+        self.decisions[n] = self.decisions.get(n, 0) + 1
+        return n
+
+    def observe(self, proposal: list[int], emitted: list[int]) -> None:
+        """Record the drafter's ``proposal`` for this step, then the tokens the model emitted."""
+        if proposal:
+            self._pending.append([list(proposal[: self.k_max]), 0])
+        for t in emitted:
+            still = []
+            for entry in self._pending:
+                proposal_, j = entry
+                hit = proposal_[j] == t
+                self.accept[j] += self.alpha * (float(hit) - self.accept[j])
+                entry[1] = j + 1
+                if hit and j + 1 < len(proposal_):
+                    still.append(entry)
+            self._pending = still
+
+    def summary(self) -> dict:
+        """The measured costs relative to c(1), the acceptance estimates and the decisions."""
+        return {"cost_rel": [round(c / self.costs[0], 3) for c in self.costs],
+                "accept": [round(a, 3) for a in self.accept],
+                "decisions": dict(sorted(self.decisions.items()))}
+
+
+def model_key(model: nn.Module, s_max: int) -> str:
+    """What the verify cost depends on: architecture and sizes, dtype, device, machine, BLAS."""
+    params = tree_flatten(model.parameters())
+    shapes = sorted((name, tuple(p.shape), str(p.dtype)) for name, p in params)
+    return json.dumps([type(model).__module__, repr(shapes), s_max, str(mx.default_device()),
+                       platform.machine(), platform.node(), mx.__version__,
+                       os.environ.get("LD_PRELOAD", "")])
+
+
+def measure_verify_cost(model: nn.Module, s_max: int = DEFAULT_K_MAX + 1, *, reps: int = 3,
+                        context: int = 32, gdn_path: str | None = None,
+                        cache_file: str | os.PathLike | None = None) -> list[float]:
+    """Seconds per verify forward of S = 1..s_max tokens (fastest of ``reps``), measured once.
+
+    The result is remembered per :func:`model_key` for this process and, with ``cache_file``,
+    across processes (a JSON object ``{key: costs}``, written atomically).
+    """
+    key = model_key(model, s_max)
+    if key in _COSTS:
+        return _COSTS[key]
+    stored = _read_json(cache_file)
+    if key in stored:
+        _COSTS[key] = stored[key]
+        return stored[key]
+    cache = make_prompt_cache(model)
+    model(mx.arange(context).reshape(1, -1) % 2, cache=cache)
+    mx.eval([c.state for c in cache])
+    verifier = VerifyCache(model, cache, gdn_path)
+    costs = []
+    for S in range(1, s_max + 1):
+        tokens = mx.arange(S, dtype=mx.uint32) % 2
+        times = []
+        for _ in range(reps + 1):          # the first run warms up (graph building, allocation)
+            t0 = time.perf_counter()
+            logits = verifier.forward(tokens, record=True)
+            mx.eval(logits, [c.state for c in cache])
+            times.append(time.perf_counter() - t0)
+            verifier.keep(0)
+        costs.append(min(times[1:]))
+    verifier.close()
+    _COSTS[key] = costs
+    if cache_file is not None:
+        _write_json(cache_file, {**_read_json(cache_file), key: costs})
+    return costs
+
+
+def _read_json(path) -> dict:
+    if path is None or not Path(path).exists():
+        return {}
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}   # a damaged cost cache is only a cache: measure again
+
+
+def _write_json(path, data: dict) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)

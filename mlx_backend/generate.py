@@ -1,0 +1,223 @@
+"""n-gram self-speculative generation for mlx-lm models, in mlx-lm's generator shape.
+
+:func:`ngram_speculative_generate_step` is a drop-in for ``mlx_lm.generate.speculative_generate_step``
+without a draft model: drafts come from an n-gram drafter (llama.cpp's lookup: context, dynamic
+and static caches), one forward verifies ``[last, d1..dk]``, and the prompt cache is cut back to
+the accepted prefix exactly (:mod:`mlx_backend.rollback`), hybrid GatedDeltaNet models included.
+:func:`stream_generate` is ``mlx_lm.stream_generate`` on top of it.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Generator, Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.generate import GenerationResponse, generation_stream
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+from mlx_backend.draft_policy import DEFAULT_K_MAX, DraftPolicy, measure_verify_cost
+from mlx_backend.rollback import VerifyCache
+from mlx_backend.sampling import verify_drafts
+
+
+@dataclass
+class SpecStats:
+    """Counters of one speculative run, filled in place while it generates.
+
+    ``steps`` decode forwards (each verifies 0..k drafts) produced ``n_tokens`` tokens;
+    ``n_forward`` also counts prefill chunks. ``n_drafted`` draft tokens were verified and
+    ``n_accept`` of them accepted. ``draft_lengths`` counts the chosen k per step; ``policy`` is
+    the cost-aware policy's summary (auto draft length only). Times are seconds.
+    """
+
+    steps: int = 0
+    n_forward: int = 0
+    n_tokens: int = 0
+    n_drafted: int = 0
+    n_accept: int = 0
+    n_proposed: int = 0
+    draft_lengths: dict[int, int] = field(default_factory=dict)
+    policy: Optional[dict] = None
+    t_draft: float = 0.0
+    t_rollback: float = 0.0
+    t_total: float = 0.0
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.n_tokens / self.steps if self.steps else 0.0
+
+    @property
+    def accept(self) -> float:
+        return self.n_accept / self.n_drafted if self.n_drafted else 0.0
+
+    def as_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d.update(tokens_per_forward=self.tokens_per_forward, accept=self.accept)
+        return d
+
+
+def ngram_api():
+    """The n-gram module used by default: ``mlx_backend.api`` (array-based) if present, else ``reference.api``."""
+    try:
+        import mlx_backend.api as api
+    except ImportError:
+        import reference.api as api
+    return api
+
+
+def default_drafter(c_st=None, c_dyn=None):
+    """A drafter over ``c_st`` / ``c_dyn`` (caches or cache file paths) from :func:`ngram_api`."""
+    return ngram_api().NgramDrafter(c_st=c_st, c_dyn=c_dyn)
+
+
+def ngram_speculative_generate_step(
+    prompt: mx.array,
+    model: nn.Module,
+    *,
+    max_tokens: int = 256,
+    sampler: Optional[Callable[[mx.array], mx.array]] = None,
+    logits_processors: Optional[list[Callable]] = None,
+    prompt_cache: Optional[list[Any]] = None,
+    prefill_step_size: int = 512,
+    draft_max: Optional[int] = None,
+    drafter=None,
+    c_st=None,
+    c_dyn=None,
+    stats: Optional[SpecStats] = None,
+    draft_policy: Optional[DraftPolicy] = None,
+    gdn_path: Optional[str] = None,
+) -> Generator[tuple[int, mx.array, bool], None, None]:
+    """Yield ``(token, logprobs, from_draft)`` like ``mlx_lm.generate.speculative_generate_step``.
+
+    ``draft_max``: drafts per step (``0``: plain decoding, any model; ``None``: the cost-aware
+    policy of :mod:`mlx_backend.draft_policy`, up to ``DEFAULT_K_MAX``). ``drafter``: an object
+    with ``reset(prompt)``, ``extend(tokens)``, ``draft(n) -> list[int]``; by default
+    :func:`default_drafter` over ``c_st`` / ``c_dyn`` (caches or cache file paths).
+    ``prompt_cache`` is updated in place and, whenever a token has been yielded, holds every
+    token before it. ``gdn_path`` forces a rollback path (see :mod:`mlx_backend.rollback`).
+    """
+    prompt_ids = [int(t) for t in (prompt.tolist() if isinstance(prompt, mx.array) else prompt)]
+    if not prompt_ids:
+        raise ValueError("the prompt must hold at least one token")
+    if draft_max is not None and draft_max < 0:
+        raise ValueError(f"draft_max must be >= 0 or None (auto), got {draft_max}")
+    if prefill_step_size < 1:
+        raise ValueError(f"prefill_step_size must be >= 1, got {prefill_step_size}")
+    stats = stats if stats is not None else SpecStats()
+    cache = prompt_cache if prompt_cache is not None else make_prompt_cache(model)
+    verifier = VerifyCache(model, cache, gdn_path) if draft_max != 0 else None
+    if drafter is None and draft_max != 0:
+        drafter = default_drafter(c_st, c_dyn)
+    policy = None
+    if draft_max is None:
+        policy = draft_policy or DraftPolicy(measure_verify_cost(model, DEFAULT_K_MAX + 1, gdn_path=gdn_path))
+        stats.policy = policy.summary()
+    k_max = draft_max if draft_max is not None else policy.k_max
+    history = list(prompt_ids) if logits_processors else None
+    t_start = time.perf_counter()
+    try:
+        with mx.stream(generation_stream):
+            for start in range(0, len(prompt_ids) - 1, prefill_step_size):
+                chunk = prompt_ids[start:min(start + prefill_step_size, len(prompt_ids) - 1)]
+                model(mx.array(chunk, mx.uint32)[None], cache=cache)
+                mx.eval([c.state for c in cache])
+                stats.n_forward += 1
+            if drafter is not None:
+                drafter.reset(prompt_ids)
+            y, n_out = prompt_ids[-1], 0
+            while max_tokens < 0 or n_out < max_tokens:
+                room = k_max if max_tokens < 0 else min(k_max, max_tokens - n_out - 1)
+                t0 = time.perf_counter()
+                proposal = drafter.draft(room) if drafter is not None and room > 0 else []
+                proposal = [int(t) for t in proposal[:room]]
+                k = policy.choose(len(proposal)) if policy is not None else len(proposal)
+                drafts = proposal[:k]
+                stats.t_draft += time.perf_counter() - t0
+
+                if verifier is not None:
+                    logits = verifier.forward([y] + drafts)
+                else:
+                    logits = model(mx.array([[y]], mx.uint32), cache=cache)[0]
+                emitted, logprobs, n_accept = verify_drafts(logits, drafts, sampler,
+                                                            logits_processors, history)
+                t0 = time.perf_counter()
+                if verifier is not None:
+                    verifier.keep(1 + n_accept)
+                stats.t_rollback += time.perf_counter() - t0
+
+                stats.steps += 1
+                stats.n_forward += 1
+                stats.n_proposed += len(proposal)
+                stats.n_drafted += k
+                stats.n_accept += n_accept
+                stats.n_tokens += len(emitted)
+                stats.draft_lengths[k] = stats.draft_lengths.get(k, 0) + 1
+                t0 = time.perf_counter()
+                if policy is not None:
+                    policy.observe(proposal, emitted)
+                    stats.policy = policy.summary()
+                if drafter is not None:
+                    drafter.extend(emitted)
+                stats.t_draft += time.perf_counter() - t0
+                if history is not None:
+                    history.extend(emitted)
+                stats.t_total = time.perf_counter() - t_start
+                for i, (token, lp) in enumerate(zip(emitted, logprobs)):
+                    n_out += 1
+                    yield token, lp, i < n_accept
+                y = emitted[-1]
+    finally:
+        stats.t_total = time.perf_counter() - t_start
+        if verifier is not None:
+            verifier.close()
+
+
+def stream_generate(model: nn.Module, tokenizer, prompt, max_tokens: int = 256,
+                    max_kv_size: Optional[int] = None, **kwargs) -> Generator[GenerationResponse, None, None]:
+    """``mlx_lm.stream_generate`` with n-gram speculative decoding; yields ``GenerationResponse``.
+
+    ``kwargs`` go to :func:`ngram_speculative_generate_step` (``draft_max``, ``sampler``, ``stats``,
+    ...). Stops at the tokenizer's EOS tokens like mlx-lm (the EOS token is not yielded as text).
+    """
+    if max_tokens == 0:
+        raise ValueError("max_tokens must be non-zero (use -1 for no limit)")
+    if not isinstance(tokenizer, TokenizerWrapper):
+        tokenizer = TokenizerWrapper(tokenizer)
+    if not isinstance(prompt, mx.array):
+        if isinstance(prompt, str):
+            add_special = tokenizer.bos_token is None or not prompt.startswith(tokenizer.bos_token)
+            prompt = tokenizer.encode(prompt, add_special_tokens=add_special)
+        prompt = mx.array(prompt)
+    if max_kv_size is not None and kwargs.get("prompt_cache") is None:
+        kwargs["prompt_cache"] = make_prompt_cache(model, max_kv_size)
+    detokenizer = tokenizer.detokenizer
+    detokenizer.reset()
+    steps = ngram_speculative_generate_step(prompt, model, max_tokens=max_tokens, **kwargs)
+    tic = time.perf_counter()
+    prompt_tps = 0.0
+    n, token, logprobs, from_draft = 0, None, None, False
+    for n, (token, logprobs, from_draft) in enumerate(steps):
+        if n == 0:
+            prompt_tps = prompt.size / (time.perf_counter() - tic)
+            tic = time.perf_counter()
+        if token in tokenizer.eos_token_ids:
+            break
+        detokenizer.add_token(token)
+        if n + 1 == max_tokens:
+            break
+        yield GenerationResponse(text=detokenizer.last_segment, token=token, logprobs=logprobs,
+                                 from_draft=from_draft, prompt_tokens=prompt.size,
+                                 prompt_tps=prompt_tps, generation_tokens=n + 1,
+                                 generation_tps=(n + 1) / (time.perf_counter() - tic),
+                                 peak_memory=mx.get_peak_memory() / 1e9, finish_reason=None)
+    steps.close()
+    detokenizer.finalize()
+    yield GenerationResponse(text=detokenizer.last_segment, token=token, logprobs=logprobs,
+                             from_draft=from_draft, prompt_tokens=prompt.size, prompt_tps=prompt_tps,
+                             generation_tokens=n + 1,
+                             generation_tps=(n + 1) / max(time.perf_counter() - tic, 1e-9),
+                             peak_memory=mx.get_peak_memory() / 1e9,
+                             finish_reason="stop" if token in tokenizer.eos_token_ids else "length")

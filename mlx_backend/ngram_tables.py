@@ -1,0 +1,508 @@
+"""Array-based n-gram tables and the drafting kernel (numba, CPU).
+
+Every n-gram is two int64 *words* with llama.cpp's -1 padding (``common_ngram``, ngram-cache.h:15-38)::
+
+    w0 = t0 << 32 | (t1 & 0xFFFFFFFF)        w1 = t2 << 32 | (t3 & 0xFFFFFFFF)
+
+so sizes 1..4 are distinct keys of one table, and within one size the words order like the tokens.
+
+``HashTable`` is a mutable count table ``c(eta, y)`` for the context cache ``c_ctx`` and the dynamic
+cache ``c_dyn``: open addressing on the n-gram (-> key id) and on ``(key id, y)`` (-> entry id), each
+key's followers chained in a list, with ``F(eta) = sum_y c(eta, y)`` and ``max_y c(eta, y)`` kept per key.
+An update is O(1) amortised; a level whose ``F < a_n`` or ``100 * max < p_n * F`` is rejected without
+reading its followers (it cannot pass: ``c(eta, y*) <= max``).
+
+The static cache ``c_st`` is a sorted 2-gram section of :mod:`mlx_backend.tables_sorted` (memory-mapped):
+the 2-gram is found by binary search, the followers are sorted by token, and ``w(y)`` is a fixed-length
+branch-free binary search over them (the layout of the seed ``000_b543da7ce10ed48f``).
+
+Drafting follows ``reference.draft`` exactly (ties to the smallest token id, negative-start n-grams
+skipped, ``score="int32"`` wraps the product like llama.cpp); ``tests/test_tables*.py`` check it.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from reference.draft import LAX, STATIC_A, STATIC_P, STRICT
+
+NGRAM_MAX = 4
+LO32 = np.int64(0xFFFFFFFF)
+# Thresholds by table (0: context/lax, 1: dynamic/strict), index n-1.
+A_N = np.array([LAX.a_n, STRICT.a_n], dtype=np.int64)
+P_N = np.array([LAX.p_n, STRICT.p_n], dtype=np.int64)
+assert (STATIC_A, STATIC_P) == (2, 50)  # the static-only rule baked into ``top`` (tables_sorted.static_top)
+
+
+def ngram_words(ngram) -> tuple[int, int]:
+    """The two key words of an n-gram (a tuple of 1..4 tokens).
+
+    >>> ngram_words((1, 2)), ngram_words((1,))[1]
+    ((4294967298, -1), -1)
+    """
+    t = list(ngram) + [-1] * (NGRAM_MAX - len(ngram))
+    return (t[0] << 32) | (t[1] & 0xFFFFFFFF), (t[2] << 32) | (t[3] & 0xFFFFFFFF)
+
+
+def words_to_slots(w0: np.ndarray, w1: np.ndarray) -> np.ndarray:
+    """The 4 padded token slots ``[K, 4]`` (int64) of key words (vectorized inverse of :func:`ngram_words`)."""
+    lo = lambda w: ((w & LO32) ^ 0x80000000) - 0x80000000  # noqa: E731 - sign-extend the low half
+    return np.stack([w0 >> 32, lo(w0), w1 >> 32, lo(w1)], axis=1)
+
+
+# ----------------------------------------------------------------------------- hash table kernels
+# A table is the tuple T = (slots, K, eslots, E, meta), rows laid out so that one probe touches one
+# cache line of key data:
+#   slots  int64 [2^a]      -1, or tag << 32 | key id (tag: high hash bits, checked before the row)
+#   K      int64 [Kcap, 8]  per key: w0, w1, F = sum of counts, max count, argmax token (smallest id
+#                           among ties), number of followers, first entry (-1: none), unused
+#   eslots int64 [2^b]      -1, or tag << 32 | entry id, hashed on (key id, token)
+#   E      int64 [Ecap, 4]  per entry: key id, token, count, next entry of the same key (-1: last)
+#   meta   int64 [2]        number of keys, number of entries
+KW0, KW1, KSUM, KMAX, KTOP, KNUM, KHEAD = range(7)
+EKEY, ETOK, ECNT, ENEXT = range(4)
+
+
+@njit(inline="always")
+def _mix(a, b):
+    h = (np.uint64(a) * np.uint64(0x9E3779B97F4A7C15)) ^ (np.uint64(b) * np.uint64(0xC2B2AE3D27D4EB4F))
+    h ^= h >> np.uint64(31)
+    h *= np.uint64(0xD6E8FEB86659FD93)
+    return h ^ (h >> np.uint64(32))
+
+
+@njit(inline="always")
+def _tag(h):
+    return np.int64(h >> np.uint64(33))  # 31 bits, so tag << 32 | id stays positive
+
+
+@njit(cache=True)
+def find_key(T, w0, w1):
+    """The key id of n-gram ``(w0, w1)``, or -1."""
+    slots, K = T[0], T[1]
+    mask = slots.size - 1
+    h = _mix(w0, w1)
+    tag = _tag(h)
+    i = np.int64(h & np.uint64(mask))
+    while True:
+        v = slots[i]
+        if v < 0:
+            return -1
+        if (v >> 32) == tag:
+            k = v & 0xFFFFFFFF
+            if K[k, KW0] == w0 and K[k, KW1] == w1:
+                return k
+        i = (i + 1) & mask
+
+
+@njit(cache=True)
+def find_entry(T, k, y):
+    """The entry id of follower ``y`` of key ``k``, or -1."""
+    eslots, E = T[2], T[3]
+    mask = eslots.size - 1
+    h = _mix(k, y)
+    tag = _tag(h)
+    j = np.int64(h & np.uint64(mask))
+    while True:
+        v = eslots[j]
+        if v < 0:
+            return -1
+        if (v >> 32) == tag:
+            e = v & 0xFFFFFFFF
+            if E[e, EKEY] == k and E[e, ETOK] == y:
+                return e
+        j = (j + 1) & mask
+
+
+@njit(cache=True)
+def add(T, w0, w1, y, c):
+    """``c(eta, y) += c``; the caller reserved room (:meth:`HashTable.reserve`)."""
+    slots, K, eslots, E, meta = T
+    mask = slots.size - 1
+    h = _mix(w0, w1)
+    tag = _tag(h)
+    i = np.int64(h & np.uint64(mask))
+    while True:
+        v = slots[i]
+        if v < 0:
+            k = meta[0]
+            meta[0] += 1
+            slots[i] = (tag << 32) | k
+            K[k, KW0] = w0
+            K[k, KW1] = w1
+            K[k, KSUM] = 0
+            K[k, KMAX] = 0
+            K[k, KTOP] = -1
+            K[k, KNUM] = 0
+            K[k, KHEAD] = -1
+            break
+        if (v >> 32) == tag:
+            k = v & 0xFFFFFFFF
+            if K[k, KW0] == w0 and K[k, KW1] == w1:
+                break
+        i = (i + 1) & mask
+    emask = eslots.size - 1
+    h = _mix(k, y)
+    tag = _tag(h)
+    j = np.int64(h & np.uint64(emask))
+    while True:
+        v = eslots[j]
+        if v < 0:
+            e = meta[1]
+            meta[1] += 1
+            eslots[j] = (tag << 32) | e
+            E[e, EKEY] = k
+            E[e, ETOK] = y
+            E[e, ECNT] = 0
+            E[e, ENEXT] = K[k, KHEAD]
+            K[k, KHEAD] = e
+            K[k, KNUM] += 1
+            break
+        if (v >> 32) == tag:
+            e = v & 0xFFFFFFFF
+            if E[e, EKEY] == k and E[e, ETOK] == y:
+                break
+        j = (j + 1) & emask
+    cnt = E[e, ECNT] + c
+    E[e, ECNT] = cnt
+    K[k, KSUM] += c
+    if cnt > K[k, KMAX] or (cnt == K[k, KMAX] and y < K[k, KTOP]):  # counts only grow
+        K[k, KMAX] = cnt
+        K[k, KTOP] = y
+
+
+@njit(cache=True)
+def update_range(T, S, start, end):
+    """``common_ngram_cache_update(T, 1, 4, S[:i+1], 1)`` for ``i = start..end-1`` (ngram-cache.cpp:11-51):
+    the n-grams ending at ``S[i-1]`` (n <= i) are followed by ``S[i]``."""
+    for i in range(max(start, 1), end):
+        y = S[i]
+        for n in range(1, min(NGRAM_MAX, i) + 1):
+            w0, w1 = _words_at(S, S, i, i, n)
+            add(T, w0, w1, y, 1)
+
+
+@njit(cache=True)
+def add_entries(T, w0, w1, tok, cnt):
+    for e in range(tok.size):
+        add(T, w0[e], w1[e], tok[e], cnt[e])
+
+
+@njit(cache=True)
+def merge_into(T, U):
+    """Add every count of table ``U`` to table ``T`` (``common_ngram_cache_merge``, ngram-cache.cpp:260-285)."""
+    UK, UE = U[1], U[3]
+    for e in range(U[4][1]):
+        k = UE[e, EKEY]
+        add(T, UK[k, KW0], UK[k, KW1], UE[e, ETOK], UE[e, ECNT])
+
+
+@njit(cache=True)
+def clear(T):
+    T[0][:] = -1
+    T[2][:] = -1
+    T[4][:] = 0
+
+
+@njit(cache=True)
+def rehash(T):
+    """Rebuild both slot arrays (after the caller resized them)."""
+    slots, K, eslots, E, meta = T
+    slots[:] = -1
+    eslots[:] = -1
+    mask, emask = slots.size - 1, eslots.size - 1
+    for k in range(meta[0]):
+        h = _mix(K[k, KW0], K[k, KW1])
+        i = np.int64(h & np.uint64(mask))
+        while slots[i] >= 0:
+            i = (i + 1) & mask
+        slots[i] = (_tag(h) << 32) | k
+    for e in range(meta[1]):
+        h = _mix(E[e, EKEY], E[e, ETOK])
+        j = np.int64(h & np.uint64(emask))
+        while eslots[j] >= 0:
+            j = (j + 1) & emask
+        eslots[j] = (_tag(h) << 32) | e
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(4, int(n - 1).bit_length())
+
+
+class HashTable:
+    """A mutable count table ``c(eta, y)`` over n-grams of sizes 1..4 (the context or dynamic cache).
+
+    >>> t = HashTable()
+    >>> t.update(np.array([5, 6, 5, 6, 5], dtype=np.int32))
+    >>> t.n_keys, t.n_entries, t.total()
+    (7, 7, 10)
+    >>> t.entries()[:2]
+    [(1, 5, -1, -1, -1, 6, 2), (1, 6, -1, -1, -1, 5, 2)]
+    """
+
+    MAX_ROWS = 2**32 - 1  # ids live in the low 32 bits of a slot
+
+    def __init__(self, keys: int = 64, entries: int = 64):
+        self.meta = np.zeros(2, np.int64)
+        self.T = None
+        self._alloc(keys, entries)
+
+    def _alloc(self, kcap: int, ecap: int) -> None:
+        if max(kcap, ecap) > self.MAX_ROWS:
+            raise ValueError(f"a table holds at most {self.MAX_ROWS} n-grams and entries")
+        n_k, n_e = self.n_keys, self.n_entries
+        K, E = np.empty((kcap, 8), np.int64), np.empty((ecap, 4), np.int64)
+        if self.T is not None:
+            K[:n_k] = self.T[1][:n_k]
+            E[:n_e] = self.T[3][:n_e]
+        slots = np.full(_pow2_at_least(2 * kcap), -1, np.int64)
+        eslots = np.full(_pow2_at_least(2 * ecap), -1, np.int64)
+        self.T = (slots, K, eslots, E, self.meta)
+        if n_k or n_e:
+            rehash(self.T)
+
+    @property
+    def n_keys(self) -> int:
+        return int(self.meta[0])
+
+    @property
+    def n_entries(self) -> int:
+        return int(self.meta[1])
+
+    def has_room(self, more_keys: int, more_entries: int) -> bool:
+        return self.n_keys + more_keys <= len(self.T[1]) and self.n_entries + more_entries <= len(self.T[3])
+
+    def reserve(self, more_keys: int, more_entries: int) -> None:
+        """Make room for ``more_keys`` keys and ``more_entries`` entries (load factor <= 1/2)."""
+        if not self.has_room(more_keys, more_entries):
+            kcap, ecap = len(self.T[1]), len(self.T[3])
+            need_k, need_e = self.n_keys + more_keys, self.n_entries + more_entries
+            self._alloc(max(need_k, 2 * kcap if need_k > kcap else kcap), max(need_e, 2 * ecap if need_e > ecap else ecap))
+
+    def clear(self) -> None:
+        clear(self.T)
+
+    def update(self, S: np.ndarray, start: int = 0, end: int | None = None) -> None:
+        """Count every position ``i`` in ``[start, end)`` of ``S`` (sizes 1..4, see :func:`update_range`)."""
+        end = len(S) if end is None else end
+        n = max(0, end - max(start, 1))
+        self.reserve(NGRAM_MAX * n, NGRAM_MAX * n)
+        update_range(self.T, np.asarray(S, np.int32), start, end)
+
+    def add_rows(self, w0: np.ndarray, w1: np.ndarray, tokens: np.ndarray, counts: np.ndarray) -> None:
+        """``c(eta, y) += count`` for arrays of key words, tokens and counts."""
+        self.reserve(len(tokens), len(tokens))
+        add_entries(self.T, np.asarray(w0, np.int64), np.asarray(w1, np.int64), np.asarray(tokens, np.int64),
+                    np.asarray(counts, np.int64))
+
+    def merge(self, other: HashTable) -> HashTable:
+        """Add every count of ``other``; returns ``self``."""
+        self.reserve(other.n_keys, other.n_entries)
+        merge_into(self.T, other.T)
+        return self
+
+    def copy(self) -> HashTable:
+        out = HashTable(max(self.n_keys, 16), max(self.n_entries, 16))
+        return out.merge(self)
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(w0, w1, token, count)`` of every entry, in insertion order."""
+        K, E = self.T[1], self.T[3][: self.n_entries]
+        k = E[:, EKEY]
+        return K[k, KW0], K[k, KW1], E[:, ETOK].copy(), E[:, ECNT].copy()
+
+    def total(self) -> int:
+        return int(self.T[3][: self.n_entries, ECNT].sum())
+
+    def entries(self) -> list[tuple[int, ...]]:
+        """Canonical sorted rows ``(n, t0, t1, t2, t3, token, count)`` (like ``NgramCache.entries``)."""
+        from mlx_backend.tables_sorted import canonical_rows
+
+        return [tuple(r) for r in canonical_rows(*self.arrays()).tolist()]
+
+    def __len__(self) -> int:
+        return self.n_keys
+
+    def __repr__(self) -> str:
+        return f"HashTable({self.n_keys} n-grams, {self.n_entries} entries)"
+
+
+# ----------------------------------------------------------------------------- drafting kernel
+# The static cache enters as ST = (keys2, offsets, tokens, counts, top): its 2-gram section.
+
+
+@njit(inline="always")
+def _at(P, D, L, i):
+    """``S[i]`` of ``S = P[:L] ++ D``."""
+    return P[i] if i < L else D[i - L]
+
+
+@njit(inline="always")
+def _words_at(P, D, L, end, n):
+    """Key words of the n-gram ``S[end-n:end]`` (``S = P[:L] ++ D``), n >= 1."""
+    t0 = np.int64(_at(P, D, L, end - n))
+    t1 = np.int64(_at(P, D, L, end - n + 1)) if n >= 2 else np.int64(-1)
+    t2 = np.int64(_at(P, D, L, end - n + 2)) if n >= 3 else np.int64(-1)
+    t3 = np.int64(_at(P, D, L, end - n + 3)) if n >= 4 else np.int64(-1)
+    return (t0 << 32) | (t1 & LO32), (t2 << 32) | (t3 & LO32)
+
+
+@njit(inline="always")
+def _search(arr, lo, hi, x):
+    """Index of ``x`` in the sorted ``arr[lo:hi]`` or -1: fixed-length branch-free binary search
+    (the number of steps depends only on ``hi - lo``)."""
+    n = hi - lo
+    if n <= 0:
+        return -1
+    base = lo
+    while n > 1:
+        half = n >> 1
+        base = base + half * np.int64(arr[base + half] <= x)
+        n -= half
+    return base if arr[base] == x else -1
+
+
+@njit(cache=True)
+def static_find(ST, t0, t1):
+    """The index of 2-gram ``(t0, t1)`` in the static section, or -1."""
+    keys2 = ST[0]
+    return _search(keys2, 0, keys2.size, (np.int64(t0) << 32) | np.int64(t1))
+
+
+@njit(inline="always")
+def _wrap32(x):
+    return ((x + 0x80000000) & 0xFFFFFFFF) - 0x80000000
+
+
+@njit(cache=True)
+def _argmax(T, kid, st_lo, st_hi, ST, int32):
+    """``(y*, c(eta, y*))``: the follower of key ``kid`` with the largest score ``c * w``, ties to the
+    smallest id (cpp:114-131), or ``(-1, 0)`` if no score is positive.
+
+    Exact scores need only the followers that also follow the static 2-gram (``w = 100 * c_st >= 100``)
+    and the most frequent follower ``KTOP`` (the best of those with ``w = 1``, beaten by any weighted
+    one): the smaller of the two follower lists is walked. Wrapping int32 scores walk every follower."""
+    K, E = T[1], T[3]
+    st_tok, st_cnt = ST[2], ST[3]
+    best_y, best_s, best_c = np.int64(-1), np.int64(0), np.int64(0)
+    if not int32:
+        top, cmax = K[kid, KTOP], K[kid, KMAX]
+        if st_hi == st_lo:
+            return top, cmax
+        if _search(st_tok, st_lo, st_hi, top) < 0:
+            best_y, best_s, best_c = top, cmax, cmax
+        if st_hi - st_lo < K[kid, KNUM]:  # walk the static followers, look each up in this key
+            for j in range(st_lo, st_hi):
+                e = find_entry(T, kid, st_tok[j])
+                if e >= 0:
+                    y, c = E[e, ETOK], E[e, ECNT]
+                    s = c * (100 * np.int64(st_cnt[j]))
+                    if s > best_s or (s == best_s and y < best_y):
+                        best_y, best_s, best_c = y, s, c
+            return best_y, best_c
+    e = K[kid, KHEAD]
+    while e >= 0:
+        y, c = E[e, ETOK], E[e, ECNT]
+        j = _search(st_tok, st_lo, st_hi, y)
+        s = c * (100 * np.int64(st_cnt[j])) if j >= 0 else c
+        if int32:
+            s = _wrap32(s)
+        if s > best_s or (s == best_s and best_y >= 0 and y < best_y):
+            best_y, best_s, best_c = y, s, c
+        e = E[e, ENEXT]
+    return best_y, best_c
+
+
+@njit(cache=True)
+def _try_primary(T, which, P, D, L, k, st_lo, st_hi, ST, int32):
+    """The first passing level of table ``T`` (n = 4..1) at ``S = P[:L] ++ D[:k]``, or -1 (cpp:97-143)."""
+    K = T[1]
+    if T[4][0] == 0:
+        return -1
+    Lk = L + k
+    for n in range(min(NGRAM_MAX, Lk), 0, -1):  # n > |S|: negative start, skipped
+        w0, w1 = _words_at(P, D, L, Lk, n)
+        kid = find_key(T, w0, w1)
+        if kid < 0:
+            continue
+        F = K[kid, KSUM]
+        a, p = A_N[which, n - 1], P_N[which, n - 1]
+        if F < a or 100 * K[kid, KMAX] < p * F:  # cannot pass: c(eta, y*) <= max
+            continue
+        y, c = _argmax(T, kid, st_lo, st_hi, ST, int32)
+        if y >= 0 and 100 * c >= p * F:
+            return y
+    return -1
+
+
+@njit(cache=True)
+def draft_into(P, L, D, n_draft, C, Y, has_dyn, ST, int32):
+    """Draft up to ``n_draft`` tokens after ``P[:L]`` into ``D``; returns how many
+    (``common_ngram_cache_draft``, ngram-cache.cpp:145-197)."""
+    if L < 2:
+        return 0
+    st_off, st_top = ST[1], ST[4]
+    k = 0
+    while k < n_draft:
+        Lk = L + k
+        si = static_find(ST, _at(P, D, L, Lk - 2), _at(P, D, L, Lk - 1))
+        st_lo = np.int64(st_off[si]) if si >= 0 else np.int64(0)
+        st_hi = np.int64(st_off[si + 1]) if si >= 0 else np.int64(0)
+        y = _try_primary(C, 0, P, D, L, k, st_lo, st_hi, ST, int32)
+        if y < 0 and has_dyn:
+            y = _try_primary(Y, 1, P, D, L, k, st_lo, st_hi, ST, int32)
+        if y < 0 and si >= 0:
+            y = st_top[si]
+        if y < 0:
+            break
+        D[k] = y
+        k += 1
+    return k
+
+
+@njit(cache=True)
+def update_then_draft(P, start, L, D, n_draft, C, Y, has_dyn, ST, int32):
+    """Count the positions ``start..L-1`` into ``C``, then :func:`draft_into` (one call per generation step)."""
+    update_range(C, P, start, L)
+    return draft_into(P, L, D, n_draft, C, Y, has_dyn, ST, int32)
+
+
+@njit(cache=True)
+def replay_kernel(inp, n_ctx, n_draft, C, Y, ST, int32, rec_pos, rec_k, rec_d, record_drafts):
+    """lookup-stats over ``inp`` (lookup-stats.cpp:77-137); ``C`` is cleared per chunk and merged into
+    ``Y`` after it. Returns ``(n_calls, n_drafted, n_accept)``; each call's position and draft count go
+    to ``rec_pos``/``rec_k`` and, if ``record_drafts``, its tokens to ``rec_d`` (``n_draft`` per call)."""
+    N = inp.size
+    D = np.empty(n_draft, np.int32)
+    n_calls = n_drafted = n_accept = 0
+    i_start = 0
+    while i_start + n_ctx < N:
+        X = inp[i_start : i_start + n_ctx]
+        clear(C)
+        L = 1
+        while L < n_ctx:
+            k = draft_into(X, L, D, n_draft, C, Y, True, ST, int32)
+            rec_pos[n_calls] = i_start + L
+            rec_k[n_calls] = k
+            if record_drafts:
+                rec_d[n_calls * n_draft : n_calls * n_draft + k] = D[:k]
+            n_calls += 1
+            n_drafted += k
+            for j in range(k):
+                if L == n_ctx or D[j] != X[L]:
+                    break
+                n_accept += 1
+                L += 1
+                update_range(C, X, L - 1, L)
+            if L < n_ctx:
+                L += 1
+                update_range(C, X, L - 1, L)
+        merge_into(Y, C)
+        i_start += n_ctx
+    return n_calls, n_drafted, n_accept
+
+
+def empty_static() -> tuple[np.ndarray, ...]:
+    """A static section with no 2-grams (drafting without ``c_st``)."""
+    return (np.zeros(0, np.int64), np.zeros(1, np.uint32), np.zeros(0, np.int32), np.zeros(0, np.int32),
+            np.zeros(0, np.int32))

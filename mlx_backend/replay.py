@@ -1,0 +1,68 @@
+"""lookup-stats replay on array tables: ``reference.replay.replay`` with the whole loop in one numba
+kernel (:func:`mlx_backend.ngram_tables.replay_kernel`), giving the same drafts and statistics.
+
+The kernel records each draft call's position and drafts; ``on_draft`` is called for every call
+afterwards, in call order. ``t_draft_us`` times the whole kernel (draft calls, context updates and
+the per-chunk merges into ``c_dyn``, which lookup-stats leaves untimed; the merges are a small part).
+
+>>> stats = replay([1, 2, 3] * 4, n_ctx=11, n_draft=4)
+>>> stats.n_chunks, stats.n_draft_calls, stats.n_drafted, stats.n_accept
+(1, 6, 4, 4)
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from mlx_backend.ngram_tables import NGRAM_MAX, HashTable, replay_kernel
+from reference.draft import SCORES
+from reference.replay import ReplayStats, check_replay_args
+
+
+def replay(tokens, n_ctx: int = 4096, n_draft: int = 16, c_st=None, c_dyn=None, on_draft=None,
+           score: str = "exact", progress: bool | None = False) -> ReplayStats:
+    """Replay ``tokens`` like llama-lookup-stats (see ``reference.replay.replay``). ``c_st``/``c_dyn``:
+    caches of either backend or file paths of either format (loading is timed as ``load_ms``); a
+    given ``c_dyn`` is copied, never modified. ``progress`` is accepted for compatibility (the kernel
+    runs without a bar)."""
+    from mlx_backend.api import as_sorted, as_table
+
+    check_replay_args(n_ctx, n_draft)
+    if score not in SCORES:
+        raise ValueError(f"score must be one of {SCORES}, got {score!r}")
+    t0 = time.perf_counter()
+    st = as_sorted(c_st)
+    dyn = as_table(c_dyn, copy=not isinstance(c_dyn, (str, os.PathLike))) if c_dyn is not None else HashTable()
+    load_ms = 1e3 * (time.perf_counter() - t0)
+
+    inp = np.asarray(tokens)
+    if inp.ndim != 1:
+        raise ValueError(f"tokens must be 1-D, got shape {inp.shape}")
+    if inp.size and (int(inp.min()) < 0 or int(inp.max()) > 2**31 - 1):
+        i = int(np.argmax((inp < 0) | (inp > 2**31 - 1)))
+        raise ValueError(f"invalid token id {int(inp[i])} at index {i}; token ids must be in [0, 2**31-1]")
+    inp = np.ascontiguousarray(inp, np.int32)
+    N = inp.size
+    n_chunks = max(0, -(-(N - n_ctx) // n_ctx)) if N > n_ctx else 0  # i_start + n_ctx < N
+    replayed = n_chunks * n_ctx
+    ctx = HashTable(NGRAM_MAX * n_ctx, NGRAM_MAX * n_ctx)
+    dyn.reserve(NGRAM_MAX * replayed, NGRAM_MAX * replayed)
+    rec_pos = np.zeros(max(replayed, 1), np.int64)
+    rec_k = np.zeros(max(replayed, 1), np.int32)
+    record = on_draft is not None
+    rec_d = np.zeros(max(replayed, 1) * n_draft if record else 1, np.int32)
+    t = time.perf_counter_ns()
+    n_calls, n_drafted, n_accept = replay_kernel(inp, n_ctx, n_draft, ctx.T, dyn.T, st.static_arrays(),
+                                                 score == "int32", rec_pos, rec_k, rec_d, record)
+    t_draft_us = (time.perf_counter_ns() - t) / 1e3
+    if record:
+        pos, ks = rec_pos[:n_calls].tolist(), rec_k[:n_calls].tolist()
+        for c in range(n_calls):
+            on_draft(pos[c], rec_d[c * n_draft : c * n_draft + ks[c]].tolist())
+    return ReplayStats(
+        n_input=N, n_ctx=n_ctx, n_chunks=n_chunks, n_draft=n_draft, n_drafted=n_drafted, n_accept=n_accept,
+        accept=100.0 * n_accept / n_drafted if n_drafted else 0.0, n_draft_calls=n_calls,
+        t_draft_us=t_draft_us, us_per_drafted_token=t_draft_us / n_drafted if n_drafted else 0.0,
+        load_ms=load_ms, c_dyn=dyn)

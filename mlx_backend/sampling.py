@@ -1,0 +1,122 @@
+"""Verifying drafted tokens so that the output distribution is exactly plain sampling's.
+
+The n-gram drafter proposes one token ``d`` per position deterministically (a point mass), so
+speculative sampling (Leviathan et al. 2023; Chen et al. 2023) reduces to: with ``p`` the model's
+distribution at that position,
+
+* accept ``d`` with probability ``p(d)``;
+* otherwise emit a token drawn from ``p`` with ``d`` removed and renormalised.
+
+The emitted token is then distributed exactly as ``p``: ``P(d) = p(d)`` and, for ``t != d``,
+``P(t) = (1 - p(d)) * p(t) / (1 - p(d)) = p(t)``. :func:`accept_or_resample` implements this for
+samplers that expose their distribution (:class:`Sampler`). For an opaque mlx-lm sampler
+(``mlx_lm.sample_utils.make_sampler``) the equivalent rule is used: draw ``t`` with the sampler
+and accept ``d`` iff ``t == d`` (same acceptance probability ``p(d)``, same residual law).
+Greedy decoding (``sampler=None``) accepts ``d`` iff it is the argmax.
+
+>>> s = Sampler(temp=1.0)
+>>> p = s.probs(mx.log(mx.array([[0.5, 0.25, 0.25]])))
+>>> [round(x, 3) for x in p[0].tolist()]
+[0.5, 0.25, 0.25]
+>>> accept_or_resample(mx.array([[0.0, 1.0, 0.0]]), 1)   # p(d) = 1: always accepted
+(1, True)
+>>> accept_or_resample(mx.array([[0.0, 0.0, 1.0]]), 1)   # p(d) = 0: resampled from the rest
+(2, False)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+
+def greedy(logprobs: mx.array) -> mx.array:
+    """mlx-lm's default sampler: the argmax token."""
+    return mx.argmax(logprobs, axis=-1)
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """Temperature / top-k / top-p sampling whose distribution is available (:meth:`probs`).
+
+    Callable like an mlx-lm sampler (``logprobs [1, V] -> token [1]``); ``temp == 0`` is greedy.
+    """
+
+    temp: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    def __post_init__(self):
+        if self.temp < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+            raise ValueError(f"need temp >= 0, 0 < top_p <= 1, top_k >= 0; got {self}")
+
+    def probs(self, logprobs: mx.array) -> mx.array:
+        """The distribution sampled from: softmax(logprobs / temp) cut to top-k and top-p."""
+        if self.temp == 0:
+            return (mx.arange(logprobs.shape[-1]) == greedy(logprobs)[..., None]).astype(mx.float32)
+        logits = logprobs.astype(mx.float32) / self.temp
+        if self.top_k and self.top_k < logits.shape[-1]:
+            kth = mx.sort(logits, axis=-1)[..., -self.top_k, None]
+            logits = mx.where(logits >= kth, logits, -mx.inf)
+        p = mx.softmax(logits, axis=-1)
+        if self.top_p < 1.0:
+            order = mx.argsort(-p, axis=-1)
+            sorted_p = mx.take_along_axis(p, order, axis=-1)
+            # keep the smallest prefix whose mass reaches top_p (its last token included)
+            keep_sorted = (mx.cumsum(sorted_p, axis=-1) - sorted_p) < self.top_p
+            keep = mx.put_along_axis(mx.zeros_like(keep_sorted), order, keep_sorted, axis=-1)
+            p = mx.where(keep, p, 0.0)
+            p = p / p.sum(axis=-1, keepdims=True)
+        return p
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        if self.temp == 0:
+            return greedy(logprobs)
+        return mx.random.categorical(mx.log(self.probs(logprobs)), axis=-1)
+
+
+def accept_or_resample(p: mx.array, d: int) -> tuple[int, bool]:
+    """``(d, True)`` with probability ``p[0, d]``, else ``(t, False)``, t ~ p without d, renormalised."""
+    u = mx.random.uniform().item()
+    if u < p[0, d].item():
+        return d, True
+    residual = p.at[0, d].multiply(0.0)
+    return int(mx.random.categorical(mx.log(residual), axis=-1).item()), False
+
+
+def verify_drafts(logits: mx.array, drafts: list[int], sampler=None, logits_processors=None,
+                  history: list[int] | None = None) -> tuple[list[int], list[mx.array], int]:
+    """Check ``drafts`` against the verify logits ``[k + 1, V]``; returns ``(emitted, logprobs, n_accept)``.
+
+    ``emitted`` is the accepted drafts followed by one token from the model (the correction at the
+    first rejection, or the bonus token after all k); ``logprobs[i]`` is the ``[V]`` log-probability
+    vector that produced ``emitted[i]``. ``logits_processors`` see ``history`` (prompt and output so
+    far) extended by the drafts before each position, as in mlx-lm.
+    """
+    k = len(drafts)
+    if sampler is None and not logits_processors:
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        tokens = greedy(logprobs).tolist()
+        n = 0
+        while n < k and tokens[n] == drafts[n]:
+            n += 1
+        return tokens[:n + 1], [logprobs[i] for i in range(n + 1)], n
+    sampler = sampler or greedy
+    emitted, rows = [], []
+    for i in range(k + 1):
+        row = logits[i:i + 1]
+        if logits_processors:
+            seen = mx.array(list(history or []) + drafts[:i])
+            for processor in logits_processors:
+                row = processor(seen, row)
+        logprobs = row - mx.logsumexp(row, axis=-1, keepdims=True)
+        rows.append(logprobs[0])
+        if i < k and isinstance(sampler, Sampler):
+            t, accepted = accept_or_resample(sampler.probs(logprobs), drafts[i])
+        else:
+            t = int(sampler(logprobs).item())
+            accepted = i < k and t == drafts[i]
+        emitted.append(t)
+        if not accepted:
+            return emitted, rows, i
+    return emitted, rows, k

@@ -1,0 +1,78 @@
+"""Tiny random mlx-lm models built in memory (no files), for tests and benchmarks.
+
+The models are the real mlx-lm classes (``qwen3_5``, ``qwen3_next``, ``llama``) with tiny
+dimensions and seeded random weights; :func:`tiny_model` is all a test needs.
+
+>>> model = tiny_model("qwen3_5", seed=0)
+>>> type(model).__module__
+'mlx_lm.models.qwen3_5'
+>>> logits = model(mx.array([[1, 2, 3]]))
+>>> logits.shape
+(1, 3, 64)
+"""
+from __future__ import annotations
+
+import importlib
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_map
+
+ARCHITECTURES = ("qwen3_5", "qwen3_next", "llama")
+
+_COMMON = dict(hidden_size=32, intermediate_size=64, num_attention_heads=2,
+               num_key_value_heads=1, rms_norm_eps=1e-6)
+_GDN = dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
+            linear_value_head_dim=16, linear_conv_kernel_dim=4, full_attention_interval=2,
+            head_dim=16)
+CONFIGS = {
+    "qwen3_5": dict(model_type="qwen3_5", **_COMMON, **_GDN, num_hidden_layers=4,
+                    tie_word_embeddings=False,
+                    rope_parameters={"type": "default", "rope_theta": 10000,
+                                     "partial_rotary_factor": 0.5}),
+    "qwen3_next": dict(model_type="qwen3_next", **_COMMON, **_GDN, num_hidden_layers=4,
+                       num_experts=0, num_experts_per_tok=0, decoder_sparse_step=1,
+                       shared_expert_intermediate_size=0, mlp_only_layers=[],
+                       moe_intermediate_size=0, rope_theta=10000.0,
+                       partial_rotary_factor=0.5, max_position_embeddings=4096),
+    "llama": dict(model_type="llama", **_COMMON, num_hidden_layers=2, head_dim=16,
+                  tie_word_embeddings=True),
+}
+
+
+def tiny_model(arch: str, *, vocab_size: int = 64, seed: int = 0, dtype=mx.float32,
+               logit_scale: float = 4.0, **overrides) -> nn.Module:
+    """A random ``arch`` model (one of :data:`ARCHITECTURES`) from mlx-lm's own ``Model`` class.
+
+    Weights are drawn with ``mx.random.seed(seed)``; ``logit_scale`` multiplies the output
+    embedding so the random model's next-token distribution is peaked rather than flat
+    (fewer near-ties in greedy decoding). ``overrides`` change config fields.
+    """
+    if arch not in CONFIGS:
+        raise ValueError(f"unknown architecture {arch!r}; choose one of {ARCHITECTURES}")
+    config = {**CONFIGS[arch], "vocab_size": vocab_size, **overrides}
+    module = importlib.import_module(f"mlx_lm.models.{arch}")
+    mx.random.seed(seed)
+    model = module.Model(module.ModelArgs.from_dict(config))
+    # mlx-lm's random init leaves GDN decay/gates in a narrow range; redraw every weight so
+    # states, gates and convolutions all carry signal, then sharpen the output layer.
+    params = tree_map(lambda p: mx.random.normal(p.shape) * (p.shape[-1] ** -0.5)
+                      if p.ndim > 1 else mx.random.uniform(-1, 1, p.shape), model.parameters())
+    model.update(params)
+    out = _output_layer(model)
+    out.weight = out.weight * logit_scale
+    if dtype != mx.float32:
+        model.set_dtype(dtype, predicate=getattr(model, "cast_predicate", None))
+    mx.eval(model.parameters())
+    return model
+
+
+def _output_layer(model: nn.Module) -> nn.Module:
+    """The module whose weight produces the logits (lm_head, or the tied embedding)."""
+    for name, module in tree_flatten(model.leaf_modules(), is_leaf=lambda m: isinstance(m, nn.Module)):
+        if name.endswith("lm_head"):
+            return module
+    for name, module in tree_flatten(model.leaf_modules(), is_leaf=lambda m: isinstance(m, nn.Module)):
+        if name.endswith("embed_tokens"):
+            return module
+    raise ValueError("model has neither lm_head nor embed_tokens")

@@ -1,0 +1,105 @@
+"""llama.cpp's n-gram cache file format (``common_ngram_cache_save/load``, ngram-cache.cpp:199-258).
+
+No header, no magic, no version; little-endian int32 fields; records until end of file::
+
+    int32 tokens[4]     the n-gram of size n in tokens[0..n-1], -1 in the other 4-n slots
+    int32 ntokens       number of followers, > 0
+    ntokens x { int32 token; int32 count }      count > 0
+
+llama.cpp writes records in ``unordered_map`` iteration order, which is not canonical; this module
+writes them sorted (n-grams by size then tokens, followers by token), so equal caches give equal
+files. Files from ``llama-lookup-create``/``llama-lookup`` load here and ours load there.
+
+>>> import tempfile, os
+>>> from reference.ngram_cache import NgramCache
+>>> path = os.path.join(tempfile.mkdtemp(), "c.bin")
+>>> save_cache(NgramCache({(1, 2): {3: 4}}), path)
+>>> os.path.getsize(path)   # 20 bytes of header + 8 per follower
+28
+>>> load_cache(path).counts
+{(1, 2): {3: 4}}
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from reference.ngram_cache import LLAMA_NGRAM_MAX, TOKEN_NULL, NgramCache, pad
+from reference.tokens import INT32_MAX, read_bytes
+
+RECORD_HEAD = LLAMA_NGRAM_MAX + 1  # int32 fields before the followers: tokens[4], ntokens
+
+
+class CacheFileError(ValueError):
+    """A cache file that is truncated or corrupt; names the file and the byte offset."""
+
+    def __init__(self, path: str | os.PathLike, offset: int, problem: str):
+        self.path, self.offset, self.problem = str(path), offset, problem
+        super().__init__(f"cache file {path}: {problem} at byte offset {offset}"
+                         " (not an n-gram cache file in llama.cpp's format, or truncated/corrupt)")
+
+
+def load_cache(path: str | os.PathLike) -> NgramCache:
+    """Read a cache file (``.xz`` is decompressed on the fly) into an :class:`NgramCache`.
+
+    Checks what ``common_ngram_cache_load`` asserts (``ntokens > 0``, ``count > 0``, no truncation),
+    plus: the n-gram is 1..4 non-negative tokens followed by -1 padding, follower ids are
+    non-negative, and no n-gram or follower repeats. (llama.cpp silently keeps the first of a
+    duplicate key; llama.cpp never writes one, so a duplicate means a corrupt or concatenated file.)
+    """
+    data = read_bytes(path)
+    if len(data) % 4:
+        raise CacheFileError(path, len(data) - len(data) % 4,
+                             f"file size {len(data)} is not a multiple of 4 (truncated int32)")
+    words = np.frombuffer(data, dtype="<i4").tolist()
+    counts: dict[tuple[int, ...], dict[int, int]] = {}
+    o = 0  # position in int32 words; the byte offset is 4 * o
+    while o < len(words):
+        if o + RECORD_HEAD > len(words):
+            raise CacheFileError(path, 4 * o, f"truncated record: {4 * (len(words) - o)} bytes left, "
+                                               f"a record header needs {4 * RECORD_HEAD}")
+        slots, ntokens = words[o:o + LLAMA_NGRAM_MAX], words[o + LLAMA_NGRAM_MAX]
+        n = next((i for i, t in enumerate(slots) if t == TOKEN_NULL), LLAMA_NGRAM_MAX)
+        eta = tuple(slots[:n])
+        if n == 0 or any(t < 0 for t in eta) or any(t != TOKEN_NULL for t in slots[n:]):
+            raise CacheFileError(path, 4 * o, f"invalid n-gram {slots} (expected 1..4 token ids >= 0 then -1)")
+        if ntokens <= 0:
+            raise CacheFileError(path, 4 * (o + LLAMA_NGRAM_MAX), f"non-positive follower count ntokens={ntokens}")
+        if eta in counts:
+            raise CacheFileError(path, 4 * o, f"duplicate n-gram {eta}")
+        body = o + RECORD_HEAD
+        end = body + 2 * ntokens
+        if end > len(words):
+            raise CacheFileError(path, 4 * body, f"truncated record for n-gram {eta}: ntokens={ntokens} needs "
+                                                  f"{8 * ntokens} bytes, {4 * (len(words) - body)} left")
+        part: dict[int, int] = {}
+        for j in range(body, end, 2):
+            y, c = words[j], words[j + 1]
+            if y < 0:
+                raise CacheFileError(path, 4 * j, f"negative follower token {y} of n-gram {eta}")
+            if c <= 0:
+                raise CacheFileError(path, 4 * (j + 1), f"non-positive count {c} of n-gram {eta}, token {y}")
+            if y in part:
+                raise CacheFileError(path, 4 * j, f"duplicate follower {y} of n-gram {eta}")
+            part[y] = c
+        counts[eta] = part
+        o = end
+    return NgramCache(counts)
+
+
+def save_cache(cache: NgramCache, path: str | os.PathLike) -> None:
+    """Write ``cache`` in llama.cpp's format, records sorted (deterministic bytes)."""
+    words: list[int] = []
+    for eta in sorted(cache.counts, key=lambda eta: (len(eta), eta)):
+        part = cache.counts[eta]
+        words += pad(eta)
+        words.append(len(part))
+        for y in sorted(part):
+            c = part[y]
+            if not 0 < c <= INT32_MAX:
+                raise ValueError(f"cannot save count {c} of n-gram {eta}, token {y}: "
+                                 "counts must be in [1, 2**31-1] (int32 in the file)")
+            words += (y, c)
+    np.asarray(words, dtype="<i4").tofile(Path(path))

@@ -1,0 +1,36 @@
+"""mlx-lm's ``llama`` architecture (``mlx_lm/models/llama.py``): attention-only, every layer a KV cache.
+
+Config keys read: ``hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
+head_dim, rms_norm_eps, vocab_size, rope_theta, rope_traditional, rope_scaling, tie_word_embeddings,
+attention_bias, mlp_bias``. Sliding-window layers (``layer_types``) are not supported.
+"""
+from __future__ import annotations
+
+from reference.models.attention import Attention
+from reference.models.decoder import DecoderLayer, Model
+from reference.models.mlp import MLP
+from reference.models.rope import make_rope
+from reference.models.weights import Weights
+
+
+def build(config: dict, weights: Weights, dtype) -> Model:
+    if any(t != "full_attention" for t in config.get("layer_types") or ()):
+        raise ValueError("llama models with sliding-window layers are not supported by the NumPy reference")
+    n_heads = config["num_attention_heads"]
+    n_kv_heads = config.get("num_key_value_heads") or n_heads
+    head_dim = config.get("head_dim") or config["hidden_size"] // n_heads
+    eps = config["rms_norm_eps"]
+    rope = make_rope(head_dim, config.get("rope_theta", 10000), config.get("rope_traditional", False),
+                     config.get("rope_scaling"))
+    layers = []
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        layers.append(DecoderLayer(
+            mixer=Attention(weights.group(p + "self_attn."), n_heads, n_kv_heads, head_dim, rope),
+            mlp=MLP(weights.group(p + "mlp.")),
+            input_norm=weights[p + "input_layernorm.weight"],
+            post_norm=weights[p + "post_attention_layernorm.weight"],
+        ))
+    tie = config.get("tie_word_embeddings", True)
+    return Model(config, dtype, weights["model.embed_tokens.weight"], layers, weights["model.norm.weight"],
+                 None if tie else weights["lm_head.weight"], eps)

@@ -1,0 +1,85 @@
+"""Read a model directory in mlx-lm's format: ``config.json`` + ``model*.safetensors``, no mlx needed.
+
+The tensors are read with the ``safetensors`` library's NumPy API and cast to the requested dtype
+(float32 or float64); bfloat16 files are widened bit-exactly. Names follow mlx-lm's parameters
+(``model.layers.{i}.linear_attn.in_proj_qkv.weight`` ...); a Hugging Face checkpoint of qwen3_5 /
+qwen3_next is converted the way mlx-lm's ``sanitize`` does. Quantized checkpoints are refused.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from reference.models import llama, qwen3_5, qwen3_next
+from reference.models.decoder import Model
+from reference.models.weights import Weights
+
+ARCHITECTURES = {"llama": llama, "qwen3_5": qwen3_5, "qwen3_next": qwen3_next}
+
+
+def read_safetensors(path: str) -> dict[str, np.ndarray]:
+    """All tensors of one safetensors file as NumPy arrays (bfloat16 -> float32 by bit shift)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(path, framework="numpy") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}
+    except TypeError:  # numpy has no bfloat16: widen the raw 16-bit patterns
+        return read_bfloat16_safetensors(path)
+
+
+def read_bfloat16_safetensors(path: str) -> dict[str, np.ndarray]:
+    """safetensors layout: u64 header length, JSON header ``{name: {dtype, shape, data_offsets}}``, data."""
+    raw = Path(path).read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    dtypes = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I32": np.int32, "I64": np.int64,
+              "U32": np.uint32, "U8": np.uint8, "BF16": np.uint16}
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if info["dtype"] not in dtypes:
+            raise ValueError(f"{path}: tensor {name!r} has unsupported dtype {info['dtype']}")
+        start, end = info["data_offsets"]
+        arr = np.frombuffer(raw, dtypes[info["dtype"]], offset=8 + n + start,
+                            count=(end - start) // np.dtype(dtypes[info["dtype"]]).itemsize)
+        if info["dtype"] == "BF16":
+            arr = (arr.astype(np.uint32) << 16).view(np.float32)
+        out[name] = arr.reshape(info["shape"])
+    return out
+
+
+def load_model(model_dir: str | os.PathLike, dtype=np.float32) -> Model:
+    """The model in ``model_dir`` (mlx-lm format) as a NumPy :class:`~reference.models.decoder.Model`."""
+    model_dir = Path(model_dir)
+    dtype = np.dtype(dtype)
+    if dtype not in (np.float32, np.float64):
+        raise ValueError(f"dtype must be float32 or float64, got {dtype}")
+    config_path = model_dir / "config.json"
+    if not config_path.is_file():
+        raise ValueError(f"{model_dir} is not a model directory: no config.json "
+                         "(make a tiny one with: ngram-spec tiny-model --arch qwen3_5 --out DIR)")
+    config = json.loads(config_path.read_text())
+    model_type = config.get("model_type")
+    if model_type not in ARCHITECTURES:
+        raise ValueError(f"{config_path}: model_type {model_type!r} is not supported by the NumPy reference "
+                         f"(supported: {', '.join(ARCHITECTURES)}); use --backend mlx")
+    if "quantization" in config or "quantization_config" in config:
+        raise ValueError(f"{config_path}: quantized models are not supported by the NumPy reference; "
+                         "use an unquantized (float) checkpoint or --backend mlx")
+    files = sorted(glob.glob(str(model_dir / "model*.safetensors")))
+    if not files:
+        raise ValueError(f"{model_dir}: no model*.safetensors weight files")
+    arrays = {}
+    for path in files:
+        arrays.update(read_safetensors(path))
+    arch = ARCHITECTURES[model_type]
+    if hasattr(arch, "sanitize"):
+        arrays = arch.sanitize(arrays, config)
+    arrays = {k: np.ascontiguousarray(v, dtype=dtype) for k, v in arrays.items()}
+    return arch.build(config, Weights(arrays, str(model_dir)), dtype)

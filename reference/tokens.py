@@ -1,0 +1,98 @@
+"""Token files: raw little-endian int32 (``.i32``, no header) or NumPy ``.npy``.
+
+Any other suffix is read as raw int32; a trailing ``.xz`` is decompressed on the fly (the shipped
+conformance vectors). Token ids are non-negative and fit in int32 (llama.cpp's ``llama_token``).
+
+>>> import tempfile, os
+>>> path = os.path.join(tempfile.mkdtemp(), "t.i32")
+>>> write_tokens(path, [3, 1, 4, 1, 5])
+>>> read_tokens(path)
+array([3, 1, 4, 1, 5], dtype=int32)
+>>> open(path, "ab").write(b"\\x00")   # one stray byte
+1
+>>> read_tokens(path)
+Traceback (most recent call last):
+...
+ValueError: token file ... has 21 bytes, not a multiple of 4 (raw little-endian int32 expected); is it a token file?
+"""
+from __future__ import annotations
+
+import lzma
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+INT32_MAX = 2**31 - 1
+
+
+def read_bytes(path: str | os.PathLike) -> bytes:
+    """The bytes of ``path``, decompressed if its name ends in ``.xz``."""
+    path = Path(path)
+    if path.suffix == ".xz":
+        with lzma.open(path) as f:
+            return f.read()
+    return path.read_bytes()
+
+
+def read_tokens(path: str | os.PathLike) -> np.ndarray:
+    """The tokens of a ``.i32`` (raw little-endian int32) or ``.npy`` file as an int32 array."""
+    path = Path(path)
+    name = path.name[:-3] if path.suffix == ".xz" else path.name
+    if name.endswith(".npy"):
+        with (lzma.open(path) if path.suffix == ".xz" else open(path, "rb")) as f:
+            try:
+                arr = np.load(f, allow_pickle=False)
+            except ValueError as exc:
+                raise ValueError(f"token file {path}: not a valid .npy file ({exc})") from exc
+        if arr.ndim != 1 or arr.dtype.kind not in "iu":
+            raise ValueError(
+                f"token file {path}: expected a 1-D integer array, got shape {arr.shape} dtype {arr.dtype}")
+        if arr.size and int(arr.max()) > INT32_MAX:
+            raise ValueError(f"token file {path}: token id {int(arr.max())} does not fit in int32")
+        tokens = arr.astype(np.int32)
+    else:
+        data = read_bytes(path)
+        if len(data) % 4:
+            raise ValueError(
+                f"token file {path} has {len(data)} bytes, not a multiple of 4 "
+                "(raw little-endian int32 expected); is it a token file?")
+        tokens = np.frombuffer(data, dtype="<i4").astype(np.int32)
+    check_tokens(tokens, f"token file {path}")
+    return tokens
+
+
+def check_tokens(tokens: np.ndarray, what: str = "tokens") -> None:
+    """Raise ``ValueError`` naming the first negative token id, if any."""
+    negative = np.flatnonzero(tokens < 0)
+    if negative.size:
+        i = int(negative[0])
+        raise ValueError(f"{what}: negative token id {int(tokens[i])} at index {i} "
+                         f"({negative.size} negative ids); token ids must be >= 0")
+
+
+def check_token_list(tokens: Iterable[int]) -> list[int]:
+    """``tokens`` as a list of Python ints, each checked to be a valid id (0 <= t <= 2**31-1)."""
+    if isinstance(tokens, np.ndarray) and tokens.dtype == np.int32:
+        check_tokens(tokens)
+        return tokens.tolist()
+    out = [int(t) for t in tokens]
+    for i, t in enumerate(out):
+        if not 0 <= t <= INT32_MAX:
+            raise ValueError(f"invalid token id {t} at index {i}; token ids must be in [0, 2**31-1]")
+    return out
+
+
+def write_tokens(path: str | os.PathLike, tokens: Iterable[int]) -> None:
+    """Write ``tokens`` as ``.npy`` if the name ends in ``.npy``, else as raw little-endian int32."""
+    arr = np.asarray(check_token_list(tokens) if not isinstance(tokens, np.ndarray) else tokens)
+    if arr.size:
+        check_tokens(arr)
+        if int(arr.max()) > INT32_MAX:
+            raise ValueError(f"token id {int(arr.max())} does not fit in int32")
+    arr = arr.astype("<i4")
+    if str(path).endswith(".npy"):
+        np.save(path, arr.astype(np.int32))
+    else:
+        arr.tofile(path)

@@ -1,0 +1,68 @@
+"""The cost-aware draft-length policy: its choice maximises E(n)/c(n+1), it learns acceptance from
+unverified proposals too, and the verify-cost measurement is made once and can persist."""
+from __future__ import annotations
+
+import json
+import math
+
+import mlx.core as mx
+from hypothesis import given, settings, strategies as st
+
+from mlx_backend import draft_policy
+from mlx_backend.draft_policy import DraftPolicy, measure_verify_cost, model_key
+from mlx_backend.generate import SpecStats, ngram_speculative_generate_step
+from mlx_backend.tiny_mlx import tiny_model
+
+
+@settings(max_examples=100, deadline=None)
+@given(costs=st.lists(st.floats(0.1, 10), min_size=2, max_size=9),
+       accept=st.lists(st.floats(0, 1), min_size=8, max_size=8), n_available=st.integers(0, 10))
+def test_choice_maximises_expected_rate(costs, accept, n_available):
+    policy = DraftPolicy(costs)
+    policy.accept = accept[:policy.k_max]
+    n = policy.choose(n_available)
+    mono = [max(costs[: i + 1]) for i in range(len(costs))]
+
+    def rate(k):   # E(k) written out as the sum of products of acceptances
+        return (1 + sum(math.prod(accept[:j]) for j in range(1, k + 1))) / mono[k]
+    best = max(rate(k) for k in range(min(n_available, policy.k_max) + 1))
+    assert n <= min(n_available, policy.k_max) and rate(n) == best
+    assert all(rate(k) < best for k in range(n))        # ties go to the shorter draft
+
+
+def test_flat_cost_drafts_nothing_and_cheap_cost_drafts_all():
+    assert DraftPolicy([1, 2, 3, 4, 5], prior=0.9).choose(4) == 0
+    assert DraftPolicy([1, 1.01, 1.02, 1.03, 1.04], prior=0.9).choose(4) == 4
+    assert DraftPolicy([1, 1.01, 1.02], prior=0.0).choose(2) == 0
+
+
+def test_unverified_proposals_still_teach_acceptance():
+    policy = DraftPolicy([1.0, 1.9, 2.8], prior=0.2, alpha=0.5)
+    assert policy.choose(2) == 0
+    for t in range(8):     # the drafter predicts the next 2 tokens right every time, never verified
+        policy.observe([t + 1, t + 2], [t + 1])
+    assert policy.accept[0] > 0.95 and policy.accept[1] > 0.95 and policy.choose(2) > 0
+    policy.observe([0, 0], [9])   # a miss at position 1; the previous proposal's position 2 was right
+    assert policy.accept[0] < 0.6 and policy.accept[1] > 0.95
+
+def test_measurement_is_cached_in_memory_and_file(tmp_path, monkeypatch):
+    model = tiny_model("llama", seed=9)
+    path = tmp_path / "costs.json"
+    monkeypatch.setattr(draft_policy, "_COSTS", {})
+    costs = measure_verify_cost(model, 4, reps=1, cache_file=path)
+    assert len(costs) == 4 and all(c > 0 for c in costs)
+    assert measure_verify_cost(model, 4) is costs                      # in memory
+    assert json.loads(path.read_text())[model_key(model, 4)] == costs  # on disk
+    monkeypatch.setattr(draft_policy, "_COSTS", {})
+    assert measure_verify_cost(model, 4, cache_file=path) == costs     # read back, not re-measured
+
+
+def test_stats_show_the_policy():
+    model = tiny_model("qwen3_5", seed=2)
+    stats = SpecStats()
+    out = list(ngram_speculative_generate_step(mx.array([1, 2, 3, 1, 2, 3, 1, 2]), model, max_tokens=20,
+                                               draft_max=None, stats=stats))
+    assert len(out) == 20 and stats.policy is not None
+    assert sum(stats.policy["decisions"].values()) == stats.steps
+    assert sum(stats.draft_lengths.values()) == stats.steps
+    assert stats.policy["cost_rel"][0] == 1.0

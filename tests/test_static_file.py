@@ -1,0 +1,198 @@
+"""Cache files: our memory-mapped format (docs/cache-format.md) and llama.cpp's, round trips and errors."""
+from __future__ import annotations
+
+import struct
+import zlib
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import mlx_backend.api as api
+import reference.api as ref
+from mlx_backend import static_file as sf
+from reference.cache_file import CacheFileError
+from reference.ngram_cache import NgramCache
+
+
+@st.composite
+def caches(draw):
+    """A reference cache with n-grams of sizes 1..4 (a replayed dynamic cache) or 2-grams only."""
+    n = draw(st.integers(0, 200))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    v = draw(st.sampled_from([3, 50, 70_000]))
+    s = rng.integers(0, v, n).tolist()
+    c = NgramCache()
+    if draw(st.booleans()):
+        c.update(s, len(s), 2, 2)
+    else:
+        c.update(s, len(s))
+    return c
+
+
+@settings(max_examples=30, deadline=None)
+@given(caches())
+def test_round_trips_both_formats(tmp_path_factory, c):
+    d = tmp_path_factory.mktemp("rt")
+    mine = api.as_sorted(c)
+    api.save_cache(mine, d / "a.ngc", format="ours")
+    api.save_cache(mine, d / "a.bin", format="llama")
+    ref.save_cache(c, d / "r.bin")
+    assert (d / "a.bin").read_bytes() == (d / "r.bin").read_bytes()  # same record order as the reference
+    ours = api.load_cache(d / "a.ngc", verify=True)
+    assert ours.entries() == c.entries()
+    assert api.load_cache(d / "a.bin").entries() == c.entries()
+    assert ref.load_cache(d / "a.bin") == c
+
+
+def test_ours_is_memory_mapped_and_smaller(tmp_path):
+    s = np.random.default_rng(0).integers(0, 1000, 50_000).astype(np.int32)
+    c = api.build_static(s)
+    api.save_cache(c, tmp_path / "c.ngc", format="ours")
+    api.save_cache(c, tmp_path / "c.bin", format="llama")
+    loaded = api.load_cache(tmp_path / "c.ngc")
+    assert isinstance(loaded.section(2).tokens.base, np.memmap) or isinstance(loaded.section(2).tokens, np.memmap)
+    assert (tmp_path / "c.ngc").stat().st_size < (tmp_path / "c.bin").stat().st_size
+
+
+def test_header_records_vocab_size_and_fingerprint(tmp_path):
+    c = api.build_static([1, 2, 3, 1, 2, 4])
+    c.vocab_size, c.fingerprint = 10, sf.vocab_fingerprint({"a": 0})
+    api.save_cache(c, tmp_path / "c.ngc", format="ours")
+    got = api.load_cache(tmp_path / "c.ngc", vocab_size=10, fingerprint=c.fingerprint)
+    assert (got.vocab_size, got.fingerprint) == (10, c.fingerprint)
+    with pytest.raises(sf.CacheFormatError, match="vocabulary of 10 tokens.*has 11"):
+        api.load_cache(tmp_path / "c.ngc", vocab_size=11)
+    with pytest.raises(sf.CacheFormatError, match="another tokenizer"):
+        api.load_cache(tmp_path / "c.ngc", fingerprint=sf.vocab_fingerprint({"b": 0}))
+
+
+@pytest.fixture
+def ours_file(tmp_path):
+    c = api.as_sorted(NgramCache({(1,): {2: 3}, (1, 2): {3: 1, 4: 2}, (5, 6, 7): {1: 1}, (1, 2, 3, 4): {9: 9}}))
+    path = tmp_path / "c.ngc"
+    api.save_cache(c, path, format="ours")
+    return path
+
+
+def test_truncated_file_error_names_offset(ours_file):
+    data = ours_file.read_bytes()
+    ours_file.write_bytes(data[:-3])
+    with pytest.raises(sf.CacheFormatError, match=rf"truncated file.*at byte offset {len(data) - 3}"):
+        api.load_cache(ours_file)
+    ours_file.write_bytes(data[:100])
+    with pytest.raises(sf.CacheFormatError, match="truncated header"):
+        api.load_cache(ours_file)
+
+
+def test_wrong_version_error(ours_file):
+    data = bytearray(ours_file.read_bytes())
+    data[8:12] = struct.pack("<I", 2)
+    ours_file.write_bytes(bytes(data))
+    with pytest.raises(sf.CacheFormatError, match="unsupported version 2"):
+        api.load_cache(ours_file)
+
+
+def test_wrong_endianness_error(ours_file):
+    data = bytearray(ours_file.read_bytes())
+    data[12:16] = struct.pack(">I", sf.BOM)
+    ours_file.write_bytes(bytes(data))
+    with pytest.raises(sf.CacheFormatError, match="wrong endianness"):
+        api.load_cache(ours_file)
+
+
+def test_corrupt_header_error(ours_file):
+    data = bytearray(ours_file.read_bytes())
+    data[70] ^= 1  # inside the section table
+    ours_file.write_bytes(bytes(data))
+    with pytest.raises(sf.CacheFormatError, match="checksum"):
+        api.load_cache(ours_file)
+
+
+def test_trailing_bytes_error(ours_file):
+    ours_file.write_bytes(ours_file.read_bytes() + b"\0" * 8)
+    with pytest.raises(sf.CacheFormatError, match="8 unexpected trailing bytes"):
+        api.load_cache(ours_file)
+
+
+def test_verify_finds_corrupt_arrays(ours_file):
+    """A flipped count (header intact) loads lazily but fails the full check (convert/--verify)."""
+    c = api.load_cache(ours_file)
+    off = struct.unpack_from("<8Q", ours_file.read_bytes(), sf.PREFIX.size + 1 * sf.SECTION.size)[6]
+    data = bytearray(ours_file.read_bytes())
+    data[off:off + 4] = struct.pack("<i", -4)
+    ours_file.write_bytes(bytes(data))
+    del c
+    with pytest.raises(sf.CacheFormatError, match="non-positive count"):
+        api.load_cache(ours_file, verify=True)
+
+
+def test_header_crc_recomputed_section_overflow_is_caught(ours_file):
+    """A section table pointing past the end (with a valid checksum) is reported as truncation."""
+    data = bytearray(ours_file.read_bytes())
+    at = sf.PREFIX.size
+    fields = list(struct.unpack_from("<8Q", data, at))
+    fields[1] += 1000  # n_entries of n=1
+    data[at:at + sf.SECTION.size] = struct.pack("<8Q", *fields)
+    data[sf.CRC_AT:sf.CRC_AT + 4] = struct.pack("<I", zlib.crc32(bytes(data[:sf.CRC_AT])))
+    ours_file.write_bytes(bytes(data))
+    with pytest.raises(sf.CacheFormatError, match="truncated file: section n=1"):
+        api.load_cache(ours_file)
+
+
+LLAMA_ERRORS = [
+    (b"\x01\x00\x00\x00" * 3, "truncated record"),
+    (struct.pack("<5i", 1, 2, -1, -1, 0), "non-positive follower count"),
+    (struct.pack("<5i", 1, 2, -1, -1, 2) + struct.pack("<2i", 3, 1), "truncated record"),
+    (struct.pack("<7i", 1, -1, 2, -1, 1, 3, 1), "invalid n-gram"),
+    (struct.pack("<7i", -1, -1, -1, -1, 1, 3, 1), "invalid n-gram"),
+    (struct.pack("<7i", 1, 2, -1, -1, 1, -3, 1), "negative follower token"),
+    (struct.pack("<7i", 1, 2, -1, -1, 1, 3, 0), "non-positive count"),
+    (struct.pack("<9i", 1, 2, -1, -1, 2, 3, 1, 3, 2), "duplicate follower"),
+    (struct.pack("<7i", 1, 2, -1, -1, 1, 3, 1) * 2, "duplicate n-gram"),
+    (struct.pack("<7i", 1, 2, -1, -1, 1, 3, 1) + b"\0\0", "not a multiple of 4"),
+]
+
+
+@pytest.mark.parametrize("data,problem", LLAMA_ERRORS, ids=[p for _, p in LLAMA_ERRORS])
+def test_llama_format_errors_match_reference(tmp_path, data, problem):
+    """Corrupt llama.cpp files: the same problem at the same byte offset as the reference reader."""
+    path = tmp_path / "bad.bin"
+    path.write_bytes(data)
+    with pytest.raises(CacheFileError) as theirs:
+        ref.load_cache(path)
+    with pytest.raises(CacheFileError, match=problem) as mine:
+        api.load_cache(path)
+    assert mine.value.offset == theirs.value.offset
+    assert problem in theirs.value.problem
+
+
+def test_empty_files(tmp_path):
+    (tmp_path / "e.bin").write_bytes(b"")
+    assert len(api.load_cache(tmp_path / "e.bin")) == 0
+    api.save_cache(api.as_sorted(None), tmp_path / "e.ngc", format="ours")
+    assert api.load_cache(tmp_path / "e.ngc", verify=True).entries() == []
+
+
+def test_unknown_format_rejected(tmp_path):
+    with pytest.raises(ValueError, match="unknown cache format"):
+        api.save_cache(api.as_sorted(None), tmp_path / "x", format="json")
+
+
+def test_counts_beyond_int32_rejected():
+    """Sorted caches hold int32 counts (as both file formats do): a merge that overflows is refused."""
+    with pytest.raises(ValueError, match=r"2\*\*31-1"):
+        api.merge_caches([NgramCache({(1, 2): {3: 2**31 - 1}}), NgramCache({(1, 2): {3: 1}})])
+
+
+def test_cache_format_doc_examples_run():
+    """The ```python blocks of docs/cache-format.md run as written."""
+    import pathlib
+    import re
+
+    doc = pathlib.Path(__file__).resolve().parents[1] / "docs" / "cache-format.md"
+    blocks = re.findall(r"```python\n(.*?)```", doc.read_text(), re.S)
+    assert blocks
+    for block in blocks:
+        exec(compile(block, str(doc), "exec"), {})
