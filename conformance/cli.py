@@ -55,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
     options = Options(thorough=args.thorough, examples=args.examples)
     if args.seed is not None:
         options.seed = args.seed
-    print(f"ngram-spec conformance: backend {backend.name!r} ({BUILTIN.get(backend.name, backend.name)}), "
+    target = f" ({BUILTIN[backend.name]})" if backend.name in BUILTIN else ""
+    print(f"ngram-spec conformance: backend {backend.name!r}{target}, "
           f"seed {options.seed}, {'thorough' if args.thorough else 'default'} run, {len(checks)} checks")
     print(f"  provides: {', '.join(backend.provided()) or 'nothing'}")
     area = None

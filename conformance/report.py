@@ -30,6 +30,10 @@ def summary(report: Report, rerun: str) -> str:
         lines.append(f"  {title:<32} {status.upper() if status == FAILED else status:<15} {detail}")
         if status == NOT_APPLICABLE:
             lines.append(f"  {'':<32} {'':<15} ({results[0].message})")
+    noted = [r for r in report.results if r.notes]
+    if noted:
+        lines += ["", "Notes (tolerated by passing checks):"]
+        lines += [f"  {r.id}: {n}" for r in noted for n in r.notes]
     failures = [r for r in report.results if r.status == FAILED]
     if failures:
         lines += ["", "Failures:"]

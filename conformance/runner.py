@@ -148,7 +148,7 @@ class Report:
         for status in (FAILED, PASSED, SKIPPED, NOT_APPLICABLE):
             if status in statuses:
                 return status
-        return SKIPPED  # no check of this area was selected
+        return SKIPPED  # no check of this area ran
 
     def as_dict(self) -> dict:
         from conformance.registry import AREAS
@@ -156,7 +156,8 @@ class Report:
         return {
             "backend": self.backend, "seed": self.seed, "thorough": self.thorough,
             "passed": not self.failed, "seconds": round(self.seconds, 2),
-            "areas": [{"area": a, "title": t, "status": self.area_status(a),
+            "areas": [{"area": a, "title": t,
+                       "status": self.area_status(a) if any(r.area == a for r in self.results) else "not selected",
                        "checks": [r.as_dict() for r in self.results if r.area == a]}
                       for a, t in AREAS.items()],
         }

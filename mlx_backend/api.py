@@ -72,8 +72,19 @@ def as_table(cache, copy: bool = True) -> HashTable:
 
 
 def build_static(tokens, progress: bool | None = False) -> SortedCache:
-    """The static cache of a token stream (``llama-lookup-create``: 2-grams only), built vectorized."""
-    return tables_sorted.build_static(np.asarray(tokens), progress=progress)
+    """The static cache of a token stream (``llama-lookup-create``: 2-grams only), built vectorized in
+    chunks. ``tokens`` may also be a token file path: a raw ``.i32`` file is memory-mapped, so a corpus
+    larger than memory is read chunk by chunk (memory grows with the distinct triples only)."""
+    if isinstance(tokens, (str, os.PathLike)):
+        path = str(tokens)
+        if path.endswith((".npy", ".xz")):
+            tokens = read_tokens(path)
+        elif os.path.getsize(path) % 4:
+            tokens = read_tokens(path)  # raises the reference's clear error
+        else:
+            tokens = np.memmap(path, dtype="<i4", mode="r") if os.path.getsize(path) else np.zeros(0, np.int32)
+    return tables_sorted.build_static(np.asarray(tokens) if not isinstance(tokens, np.memmap) else tokens,
+                                      progress=progress)
 
 
 def merge_caches(caches) -> SortedCache:

@@ -8,8 +8,8 @@ distribution at that position,
 * otherwise emit a token drawn from ``p`` with ``d`` removed and renormalised.
 
 The emitted token is then distributed exactly as ``p``: ``P(d) = p(d)`` and, for ``t != d``,
-``P(t) = (1 - p(d)) * p(t) / (1 - p(d)) = p(t)``. :func:`accept_or_resample` implements this for
-samplers that expose their distribution (:class:`Sampler`). For an opaque mlx-lm sampler
+``P(t) = (1 - p(d)) * p(t) / (1 - p(d)) = p(t)``. :func:`accept_or_resample` implements this
+for samplers that expose their distribution (:class:`Sampler`). For an opaque mlx-lm sampler
 (``mlx_lm.sample_utils.make_sampler``) the equivalent rule is used: draw ``t`` with the sampler
 and accept ``d`` iff ``t == d`` (same acceptance probability ``p(d)``, same residual law).
 Greedy decoding (``sampler=None``) accepts ``d`` iff it is the argmax.
@@ -91,32 +91,40 @@ def verify_drafts(logits: mx.array, drafts: list[int], sampler=None, logits_proc
     ``emitted`` is the accepted drafts followed by one token from the model (the correction at the
     first rejection, or the bonus token after all k); ``logprobs[i]`` is the ``[V]`` log-probability
     vector that produced ``emitted[i]``. ``logits_processors`` see ``history`` (prompt and output so
-    far) extended by the drafts before each position, as in mlx-lm.
+    far) extended by the drafts before each position, as in mlx-lm (row i only matters when the
+    drafts before it were accepted, i.e. emitted).
+
+    Greedy and opaque samplers draw all k + 1 rows in one call (one evaluation): rows are
+    independent draws and those after the first rejection are discarded, so this is the same law as
+    drawing row by row. A :class:`Sampler` goes row by row through :func:`accept_or_resample`.
     """
     k = len(drafts)
-    if sampler is None and not logits_processors:
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        tokens = greedy(logprobs).tolist()
-        n = 0
-        while n < k and tokens[n] == drafts[n]:
-            n += 1
-        return tokens[:n + 1], [logprobs[i] for i in range(n + 1)], n
-    sampler = sampler or greedy
-    emitted, rows = [], []
-    for i in range(k + 1):
-        row = logits[i:i + 1]
-        if logits_processors:
+    if logits_processors:
+        rows = []
+        for i in range(k + 1):
+            row = logits[i:i + 1]
             seen = mx.array(list(history or []) + drafts[:i])
             for processor in logits_processors:
                 row = processor(seen, row)
-        logprobs = row - mx.logsumexp(row, axis=-1, keepdims=True)
-        rows.append(logprobs[0])
-        if i < k and isinstance(sampler, Sampler):
-            t, accepted = accept_or_resample(sampler.probs(logprobs), drafts[i])
-        else:
-            t = int(sampler(logprobs).item())
-            accepted = i < k and t == drafts[i]
-        emitted.append(t)
-        if not accepted:
-            return emitted, rows, i
-    return emitted, rows, k
+            rows.append(row)
+        logits = mx.concatenate(rows, axis=0)
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    if isinstance(sampler, Sampler) and sampler.temp > 0:
+        emitted = []
+        for i in range(k + 1):
+            p = sampler.probs(logprobs[i:i + 1])
+            if i == k:
+                emitted.append(int(mx.random.categorical(mx.log(p), axis=-1).item()))
+                break
+            t, accepted = accept_or_resample(p, drafts[i])
+            emitted.append(t)
+            if not accepted:
+                break
+        n = len(emitted) - 1
+    else:
+        tokens = (sampler or greedy)(logprobs).tolist()
+        n = 0
+        while n < k and tokens[n] == drafts[n]:
+            n += 1
+        emitted = drafts[:n] + [tokens[n]]
+    return emitted, [logprobs[i] for i in range(n + 1)], n

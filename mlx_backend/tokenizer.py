@@ -46,7 +46,10 @@ def _byte_level_bpe(metadata: dict) -> Tokenizer:
         )
     tokens = metadata["tokenizer.ggml.tokens"]
     merges = [tuple(m.split(" ", 1)) for m in metadata["tokenizer.ggml.merges"]]
-    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
+    # SmolLM2's vocabulary lacks 21 of the 256 byte tokens (e.g. 0x04, 0xF1): such bytes become unk
+    unk_id = _scalar(metadata, "tokenizer.ggml.unknown_token_id", None)
+    unk = tokens[unk_id] if unk_id is not None else None
+    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, unk_token=unk))
     tok.pre_tokenizer = _PRE_TOKENIZERS[pre]()
     tok.decoder = decoders.ByteLevel()
     types = metadata["tokenizer.ggml.token_type"].tolist()

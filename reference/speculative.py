@@ -98,7 +98,8 @@ def speculative_generate(model, prompt: Sequence[int], max_tokens: int, drafter,
         on_tokens([last])
     done = last in eos or len(tokens) >= max_tokens
     while not done:
-        drafts = [int(t) for t in drafter.draft(min(draft_max, max_tokens - len(tokens)))]
+        n_draft = min(draft_max, max_tokens - len(tokens))  # no drafts beyond the tokens still wanted
+        drafts = [int(t) for t in drafter.draft(n_draft)][:n_draft]
         logits = model.forward([last, *drafts], cache)
         stats.n_forward += 1
         stats.n_drafted += len(drafts)

@@ -62,14 +62,13 @@ def tiny_config(arch: str, **overrides) -> dict:
     return {**TINY_CONFIGS[arch], **overrides}
 
 
-def _is_linear(i: int, config: dict) -> bool:
-    return config["model_type"] != "llama" and (i + 1) % config["full_attention_interval"] != 0
-
-
 def tiny_weights(config: dict, seed: int) -> dict[str, np.ndarray]:
     """Random float32 weights for ``config`` under mlx-lm's parameter names (qwen3_5 gets ``language_model.``)."""
+    from reference.models import ARCHITECTURES
+
     rng = np.random.default_rng(seed)
     c = config
+    arch = ARCHITECTURES[c["model_type"]]
     d, hd = c["hidden_size"], c["head_dim"]
 
     def dense(n_out, n_in):  # ~unit-variance outputs for unit-variance inputs
@@ -89,7 +88,7 @@ def tiny_weights(config: dict, seed: int) -> dict[str, np.ndarray]:
         p = f"model.layers.{i}."
         w[p + "input_layernorm.weight"] = norm(d)
         w[p + "post_attention_layernorm.weight"] = norm(d)
-        if _is_linear(i, c):
+        if arch.is_linear_layer(i, c):
             nk, nv, dk, dv = (c["linear_num_key_heads"], c["linear_num_value_heads"], c["linear_key_head_dim"],
                               c["linear_value_head_dim"])
             conv_dim = 2 * nk * dk + nv * dv
@@ -123,9 +122,7 @@ def tiny_weights(config: dict, seed: int) -> dict[str, np.ndarray]:
                 w[a + "q_norm.weight"] = norm(hd)
                 w[a + "k_norm.weight"] = norm(hd)
         m = p + "mlp."
-        sparse = (c.get("num_experts", 0) > 0 and i not in (c.get("mlp_only_layers") or ())
-                  and (i + 1) % c.get("decoder_sparse_step", 1) == 0)
-        if sparse:
+        if arch.is_sparse_layer(i, c):
             e, f = c["num_experts"], c["moe_intermediate_size"]
             w[m + "gate.weight"] = dense(e, d)
             w[m + "switch_mlp.gate_proj.weight"] = np.stack([dense(f, d) for _ in range(e)])
@@ -163,7 +160,11 @@ def bytes_to_unicode() -> dict[int, str]:
 
 def write_tokenizer(out: str | os.PathLike) -> None:
     """A byte-level tokenizer with no merges: token id = byte value, plus the special tokens."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    try:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    except ImportError:
+        raise ValueError("writing the tiny model's tokenizer needs the tokenizers package: "
+                         "pip install tokenizers") from None
 
     vocab = {ch: b for b, ch in bytes_to_unicode().items()}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))

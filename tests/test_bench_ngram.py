@@ -89,22 +89,45 @@ def test_bench_load_static_reference(benchmark, data):
 # ----------------------------------------------------------------------------- build
 
 
+def vm_kib(field: str) -> int:
+    """A ``/proc/self/status`` field in KiB (VmHWM: peak resident memory of this process image)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
 PEAK_SCRIPT = textwrap.dedent("""
-    import resource, sys, time, numpy as np
+    import sys, time
+    sys.path.insert(0, sys.argv[2])
+    from test_bench_ngram import vm_kib
     from mlx_backend.api import build_static, read_tokens
     tokens = read_tokens(sys.argv[1])
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    base = vm_kib("VmHWM")
     t = time.perf_counter(); c = build_static(tokens); dt = time.perf_counter() - t
-    print(dt, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, base / 1024, tokens.size, c.n_entries())
+    print(dt, vm_kib("VmHWM") / 1024, base / 1024, tokens.size, c.n_entries())
+""")
+
+RSS_SCRIPT = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, sys.argv[3])
+    from test_bench_ngram import mapped_rss_mib, vm_kib
+    import mlx_backend.api as api
+    tokens = api.read_tokens(sys.argv[2])
+    api.replay(tokens[:5000], 4096, 16, c_st=None)  # compile/load the kernels first
+    t = time.perf_counter(); c_st = api.load_cache(sys.argv[1]); load_ms = 1e3 * (time.perf_counter() - t)
+    rss0 = vm_kib("VmRSS")
+    api.replay(tokens, 4096, 16, c_st=c_st)
+    print(load_ms, mapped_rss_mib(sys.argv[1]), (vm_kib("VmRSS") - rss0) / 1024)
 """)
 
 
 def test_bench_build_static_mlx(benchmark, data):
     tokens = api.read_tokens(data["train"])
-    benchmark.pedantic(api.build_static, (tokens,), rounds=3, iterations=1)
-    out = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, data["train"]], capture_output=True, text=True,
-                         check=True).stdout.split()
+    cpu = []
+    benchmark.pedantic(cpu_timed(api.build_static, cpu), (tokens,), rounds=3, iterations=1)
+    out = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, data["train"], str(Path(__file__).parent)],
+                         capture_output=True, text=True, check=True).stdout.split()
     info(benchmark, data, n_tokens=int(out[3]), n_entries=int(out[4]), peak_rss_mib=round(float(out[1])),
+         cpu_seconds_median=round(float(np.median(cpu)), 3), fresh_process_build_s=round(float(out[0]), 3),
          rss_before_build_mib=round(float(out[2])), target_s=TARGETS["build_s"],
          target_peak_mib=TARGETS["build_peak_mib"])
 
@@ -125,16 +148,37 @@ def _replay_info(benchmark, data, stats, seconds, target=None, **kw):
          **({"target_s": target} if target else {}), **kw)
 
 
+def cpu_timed(fn, cpu: list):
+    """``fn``, recording each call's CPU time (``time.process_time``) in ``cpu``: on a shared machine
+    the wall-clock medians include waiting for a core."""
+    def run(*args, **kwargs):
+        t = time.process_time()
+        out = fn(*args, **kwargs)
+        cpu.append(time.process_time() - t)
+        return out
+    return run
+
+
 @pytest.mark.parametrize("static", [False, True], ids=["nostatic", "static"])
 def test_bench_replay_mlx(benchmark, data, static):
     c_st = api.load_cache(data["ours"]) if static else None
-    stats = benchmark.pedantic(api.replay, (data["test"], N_CTX, N_DRAFT), {"c_st": c_st}, rounds=3, iterations=1)
-    extra = {}
-    if static:
-        extra["static_rss_after_replay_mib"] = round(mapped_rss_mib(data["ours"]), 1)
-        extra["file_mib"] = round(data["ours"].stat().st_size / 2**20, 1)
+    cpu = []
+    stats = benchmark.pedantic(cpu_timed(api.replay, cpu), (data["test"], N_CTX, N_DRAFT), {"c_st": c_st}, rounds=3,
+                               iterations=1)
+    extra = {"cpu_seconds_median": round(float(np.median(cpu)), 3),
+             "cpu_us_per_drafted_token": round(1e6 * float(np.median(cpu)) / max(stats.n_drafted, 1), 3)}
+    if static:  # in a fresh process: load, one full replay, then what of the file is resident
+        out = subprocess.run([sys.executable, "-c", RSS_SCRIPT, str(data["ours"]), _test_path(data),
+                              str(Path(__file__).parent)], capture_output=True, text=True, check=True).stdout.split()
+        extra.update(fresh_process_load_ms=round(float(out[0]), 3), static_rss_after_replay_mib=round(float(out[1]), 1),
+                     process_rss_growth_mib=round(float(out[2]), 1),
+                     file_mib=round(data["ours"].stat().st_size / 2**20, 1))
     _replay_info(benchmark, data, stats, benchmark.stats.stats.median,
                  TARGETS["replay_s_static" if static else "replay_s_nostatic"], **extra)
+
+
+def _test_path(data) -> str:
+    return str(DATA / "test.i32") if (DATA / "test.i32").is_file() else str(vectors.local_path("text-a.i32"))
 
 
 @pytest.mark.parametrize("static", [False, True], ids=["nostatic", "static"])
@@ -200,10 +244,12 @@ def live_loop(make_drafter, tokens, n_draft=N_DRAFT, n_ctx=N_CTX):
 @pytest.mark.parametrize("static", [False, True], ids=["nostatic", "static"])
 def test_bench_live_drafting_mlx(benchmark, data, static):
     c_st = api.load_cache(data["ours"]) if static else None
-    secs, drafted = benchmark.pedantic(live_loop, (lambda: api.NgramDrafter(c_st=c_st), data["test"]), rounds=3,
-                                       iterations=1)
+    cpu = []
+    secs, drafted = benchmark.pedantic(cpu_timed(live_loop, cpu), (lambda: api.NgramDrafter(c_st=c_st), data["test"]),
+                                       rounds=3, iterations=1)
     info(benchmark, data, n_drafted=drafted, seconds_in_drafter=round(secs, 3),
          us_per_drafted_token=round(1e6 * secs / max(drafted, 1), 3),
+         cpu_us_per_drafted_token=round(1e6 * float(np.median(cpu)) / max(drafted, 1), 3),
          target_us=TARGETS["live_us_static" if static else "live_us_nostatic"])
 
 

@@ -10,7 +10,7 @@ from functools import lru_cache
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from reference.models import load_model
@@ -30,7 +30,8 @@ def tiny(config_index: int, seed: int, dtype: str):
     return load_model(write_tiny_model(tempfile.mkdtemp(), arch, seed=seed, **overrides), np.dtype(dtype))
 
 
-models = st.builds(tiny, st.integers(0, len(ARCH_CONFIGS) - 1), st.integers(0, 2), st.sampled_from(["float32", "float64"]))
+models = st.builds(tiny, st.integers(0, len(ARCH_CONFIGS) - 1), st.integers(0, 2),
+                   st.sampled_from(["float32", "float64"]))
 token_lists = st.lists(st.integers(0, VOCAB_SIZE - 1), min_size=1, max_size=12)
 
 
@@ -97,6 +98,8 @@ def fresh_after(model, tokens):
 
 
 @SETTINGS
+@example(model=tiny(0, 0, "float32"), prompt=[1, 2, 3],  # no draft, drafts, no draft, all rejected, one kept
+         steps=[([], 0), ([4, 5, 6], 2), ([], 0), ([7, 8], 0), ([9], 1)])
 @given(model=models, prompt=token_lists,
        steps=st.lists(st.tuples(st.lists(st.integers(0, VOCAB_SIZE - 1), min_size=0, max_size=8), st.integers(0, 8)),
                       min_size=1, max_size=6))

@@ -7,7 +7,7 @@ from functools import lru_cache
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from reference.models import load_model
@@ -83,6 +83,8 @@ def test_greedy_generate_is_argmax_of_full_recomputation(arch):
 
 
 @SETTINGS
+@example(arch="qwen3_next", seed=0, prompt=[5, 6, 5, 6], draft_max=8, max_tokens=24,
+         schedule=[(0, 0), (5, 0), (0, 0), (2, 2), (0, 3)])  # empty drafts between accepted and rejected ones
 @given(arch=st.sampled_from(ARCHS), seed=st.integers(0, 1), prompt=prompts, draft_max=st.integers(1, 8),
        max_tokens=st.integers(1, 24),
        schedule=st.lists(st.tuples(st.integers(0, 9), st.integers(0, 3)), min_size=1, max_size=5))

@@ -171,3 +171,16 @@ def test_bad_arguments_rejected():
         api.NgramDrafter(score="float")
     with pytest.raises(ValueError, match="n_ctx"):
         api.replay([1, 2, 3], n_ctx=1)
+
+
+def test_build_static_from_token_file_is_memory_mapped(tmp_path):
+    s = np.random.default_rng(5).integers(0, 40, 5000).astype(np.int32)
+    path = tmp_path / "t.i32"
+    s.astype("<i4").tofile(path)
+    assert api.build_static(str(path)) == api.build_static(s)
+    (tmp_path / "bad.i32").write_bytes(b"\x01\x00\x00")
+    with pytest.raises(ValueError, match="not a multiple of 4"):
+        api.build_static(str(tmp_path / "bad.i32"))
+    np.array([3, -2, 4], "<i4").tofile(tmp_path / "neg.i32")
+    with pytest.raises(ValueError, match="negative token id -2 at index 1"):
+        api.build_static(str(tmp_path / "neg.i32"))

@@ -9,6 +9,7 @@ import inspect
 from hypothesis import strategies as st
 
 from conformance import golden, oracle, vectors
+from conformance.checks.drafting import describe_caches
 from conformance.registry import check
 from conformance.runner import Skip, current_options
 from conformance.strategies import streams_with_caches
@@ -91,7 +92,7 @@ def replay_follows_the_rules(impl, streams, n_ctx, n_draft):
     c_dyn = oracle.counts(dyn_src) if dyn_src else None
     want = oracle.replay(stream, n_ctx, n_draft, c_st, c_dyn)
     stats, calls = _replay(impl, stream, n_ctx, n_draft, golden.to_backend(impl, c_st), golden.to_backend(impl, c_dyn))
-    what = f"replay of {stream} with n_ctx={n_ctx}, n_draft={n_draft} (static from {st_src}, dynamic from {dyn_src})"
+    what = f"replay of {stream} with n_ctx={n_ctx}, n_draft={n_draft}{describe_caches(st_src, dyn_src)}"
     problem = golden.first_difference(calls, [golden.dump_line(p, d) for p, d in want.calls], what)
     assert problem is None, problem
     _compare_totals(stats, {"n_chunks": want.n_chunks, "n_draft_calls": len(want.calls),

@@ -74,7 +74,7 @@ def drafts_do_not_change_the_distribution(impl):
     for label, drafter_of in (("plain sampling", lambda: None), ("drafts [d1, d2]", lambda: FixedDrafter([d1, d2]))):
         firsts, seconds = Counter(), Counter()
         for seed in range(N_SAMPLES):
-            out = [int(t) for t in impl.sample_step(model, prompt, 2, temperature=T, seed=seed,
+            out = [int(t) for t in impl.sample_step(model, prompt, 3, temperature=T, seed=seed,
                                                     drafter=drafter_of(), draft_max=2)]
             firsts[out[0]] += 1
             if out[0] == d1 and len(out) > 1:

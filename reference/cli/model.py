@@ -109,13 +109,21 @@ def cmd_generate(args) -> int:
     return run_reference(args)
 
 
-def load_tokenizer(model_dir: Path):
-    """The model directory's Hugging Face tokenizer, or None when it has none."""
+def load_tokenizer(model_dir: Path, required: bool):
+    """The model directory's Hugging Face tokenizer (transformers' AutoTokenizer), or None when it has none.
+
+    Without ``transformers`` installed it is None too, unless ``required`` (a text prompt to tokenize).
+    """
     if not (model_dir / "tokenizer.json").is_file() and not (model_dir / "tokenizer_config.json").is_file():
         return None
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    from transformers import AutoTokenizer
-
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        if required:
+            raise UserError("tokenizing --prompt needs the transformers package: pip install transformers, "
+                            "or give the prompt as --prompt-tokens FILE") from None
+        return None
     return AutoTokenizer.from_pretrained(str(model_dir))
 
 
@@ -168,7 +176,7 @@ def run_reference(args) -> int:
     draft_max = REFERENCE_DRAFT_MAX if args.draft_max is None else args.draft_max
     model_dir = Path(args.model)
     model = load_model(model_dir, np.float64 if args.dtype == "float64" else np.float32)
-    tokenizer = load_tokenizer(model_dir)
+    tokenizer = load_tokenizer(model_dir, required=args.prompt is not None)
     prompt = prompt_ids(args, tokenizer)
     eos = eos_ids(model_dir, tokenizer)
 
@@ -193,8 +201,8 @@ def run_reference(args) -> int:
     text = tokenizer.decode(tokens) if tokenizer is not None else None
     record = {"backend": "reference", "model": str(model_dir), "spec": not args.no_spec,
               "draft_max": 0 if args.no_spec else draft_max, "prompt_tokens": len(prompt), "tokens": tokens,
-              "text": text, "finish_reason": finish_reason, "n_forward": stats.n_forward, "steps": stats.steps, "n_drafted": stats.n_drafted,
-              "n_accept": stats.n_accept, "accept": round(stats.accept, 2),
+              "text": text, "finish_reason": finish_reason, "n_forward": stats.n_forward, "steps": stats.steps,
+              "n_drafted": stats.n_drafted, "n_accept": stats.n_accept, "accept": round(stats.accept, 2),
               "tokens_per_forward": round(stats.tokens_per_forward, 4)}
     if args.json:
         print(json.dumps(record))

@@ -13,6 +13,16 @@ from reference.models.rope import make_rope
 from reference.models.weights import Weights
 
 
+def is_linear_layer(i: int, config: dict) -> bool:
+    """No recurrent layers in llama."""
+    return False
+
+
+def is_sparse_layer(i: int, config: dict) -> bool:
+    """No mixture of experts in llama."""
+    return False
+
+
 def build(config: dict, weights: Weights, dtype) -> Model:
     if any(t != "full_attention" for t in config.get("layer_types") or ()):
         raise ValueError("llama models with sliding-window layers are not supported by the NumPy reference")

@@ -45,6 +45,11 @@ def rope_settings(c: dict) -> tuple[float, float, dict | None]:
     return c.get("partial_rotary_factor", 0.25), c.get("rope_theta", 100000.0), c.get("rope_scaling")
 
 
+def is_sparse_layer(i: int, config: dict) -> bool:
+    """Qwen3.5's MoE variant has the sparse block on every layer (``qwen3_5.DecoderLayer``)."""
+    return config.get("num_experts", 0) > 0
+
+
 def sanitize(arrays: dict[str, np.ndarray], config: dict) -> dict[str, np.ndarray]:
     """mlx-lm's ``Model.sanitize``: text tensors only, named ``model.*`` / ``lm_head.*`` here (mlx-lm's
     ``language_model.`` prefix and Hugging Face's ``model.language_model.`` removed), ``mtp.`` dropped; for a
@@ -83,7 +88,7 @@ def build(config: dict, weights: Weights, dtype) -> Model:
                                     rope_scaling)
         mlp_w = weights.group(p + "mlp.")
         mlp = (SparseMoe(mlp_w, c["num_experts_per_tok"], c.get("norm_topk_prob", True))
-               if c.get("num_experts", 0) > 0 else MLP(mlp_w))
+               if is_sparse_layer(i, c) else MLP(mlp_w))
         layers.append(DecoderLayer(mixer, mlp, weights[p + "input_layernorm.weight"],
                                    weights[p + "post_attention_layernorm.weight"]))
     tie = c.get("tie_word_embeddings", False)

@@ -47,6 +47,12 @@ def is_linear_layer(i: int, config: dict) -> bool:
     return (i + 1) % config.get("full_attention_interval", 4) != 0
 
 
+def is_sparse_layer(i: int, config: dict) -> bool:
+    """Whether layer i's feed-forward block is the sparse MoE (``Qwen3NextDecoderLayer``)."""
+    return (config.get("num_experts", 0) > 0 and i not in (config.get("mlp_only_layers") or ())
+            and (i + 1) % config.get("decoder_sparse_step", 1) == 0)
+
+
 def build_attention(w: Weights, c: dict, partial_rotary_factor: float, rope_theta: float, rope_scaling) -> Attention:
     head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
     rope = make_rope(int(head_dim * partial_rotary_factor), rope_theta, False, rope_scaling)
@@ -91,10 +97,9 @@ def build(config: dict, weights: Weights, dtype) -> Model:
         else:
             mixer = build_attention(weights.group(p + "self_attn."), c, c["partial_rotary_factor"],
                                     c["rope_theta"], c.get("rope_scaling"))
-        sparse = (c.get("num_experts", 0) > 0 and i not in (c.get("mlp_only_layers") or ())
-                  and (i + 1) % c.get("decoder_sparse_step", 1) == 0)
         mlp_w = weights.group(p + "mlp.")
-        mlp = SparseMoe(mlp_w, c["num_experts_per_tok"], c.get("norm_topk_prob", False)) if sparse else MLP(mlp_w)
+        mlp = (SparseMoe(mlp_w, c["num_experts_per_tok"], c.get("norm_topk_prob", False))
+               if is_sparse_layer(i, c) else MLP(mlp_w))
         layers.append(DecoderLayer(mixer, mlp, weights[p + "input_layernorm.weight"],
                                    weights[p + "post_attention_layernorm.weight"]))
     tie = c.get("tie_word_embeddings", False)

@@ -61,9 +61,14 @@ def ties_to_largest():
     def mirror(part):
         return {M - y: c for y, c in part.items()}
 
-    class Mirrored:
+    class Mirrored:  # a cache whose follower maps are mirrored when read
         def __init__(self, cache):
-            self.counts = {eta: mirror(part) for eta, part in cache.counts.items()}
+            self.counts = self
+            self.cache = cache
+
+        def get(self, eta, default=None):
+            part = self.cache.counts.get(eta)
+            return default if part is None else mirror(part)
 
     def primary(cache, ngrams, part_st, thr, score="exact"):
         y = try_primary(Mirrored(cache), ngrams, mirror(part_st), thr, score)
@@ -220,24 +225,38 @@ def greedy_acceptance_when_sampling():
     return attribute(sampling, "accept_or_resample", greedy_accept)
 
 
-# name -> (mutant, backend, checks of which at least the first must fail; areas run = theirs)
+# name -> (mutant, the backend it breaks, the checks that must all fail: a rule check and a second one)
 MUTANTS = {
-    "a_3 off by one": (a3_off_by_one, "reference", ["thresholds.tiny_vocabulary_context_only"]),
-    "ties to the largest token": (ties_to_largest, "reference", ["thresholds.ties_go_to_the_smallest_token"]),
-    "static weight dropped": (static_weight_dropped, "reference", ["thresholds.tiny_vocabulary_all_caches"]),
+    "a_3 off by one": (a3_off_by_one, "reference",
+                       ["thresholds.tiny_vocabulary_context_only", "thresholds.golden_dense_ties"]),
+    "ties to the largest token": (ties_to_largest, "reference",
+                                  ["thresholds.ties_go_to_the_smallest_token", "thresholds.golden_dense_ties"]),
+    "static weight dropped": (static_weight_dropped, "reference",
+                              ["thresholds.static_weights_choose_the_follower", "drafting.golden_draft_dumps"]),
     "dynamic tried before context": (dynamic_before_context, "reference",
-                                     ["drafting.drafts_follow_the_rules_with_all_caches"]),
+                                     ["drafting.drafts_follow_the_rules_with_all_caches",
+                                      "replay.replay_follows_the_rules"]),
     "n-grams starting before the input read anyway": (negative_start_read, "reference",
-                                                      ["drafting.golden_draft_dumps"]),
+                                                      ["drafting.golden_draft_dumps",
+                                                       "replay.golden_replay_statistics"]),
     "context cache updated with drafted tokens": (drafts_counted_in_context, "reference",
-                                                  ["counts.drafted_tokens_are_not_counted"]),
-    "rollback keeps one token too many": (keep_one_too_many, "reference", ["rollback.keep_m_equals_feeding_m_tokens"]),
-    "rollback keeps one token too few": (keep_one_too_few, "reference", ["rollback.keep_m_equals_feeding_m_tokens"]),
+                                                  ["counts.drafted_tokens_are_not_counted",
+                                                   "drafting.golden_draft_dumps"]),
+    "rollback keeps one token too many": (keep_one_too_many, "reference",
+                                          ["rollback.keep_m_equals_feeding_m_tokens",
+                                           "greedy.speculative_equals_plain_greedy"]),
+    "rollback keeps one token too few": (keep_one_too_few, "reference",
+                                         ["rollback.keep_m_equals_feeding_m_tokens",
+                                          "greedy.speculative_equals_plain_greedy"]),
     "GDN state not restored after a step with no draft": (gdn_state_not_restored_after_no_draft_step, "reference",
-                                                          ["rollback.zero_draft_steps_between_drafted_steps"]),
+                                                          ["rollback.zero_draft_steps_between_drafted_steps",
+                                                           "rollback.keep_m_equals_feeding_m_tokens"]),
     "conv window not rolled back": (conv_window_not_rolled_back, "reference",
-                                    ["rollback.keep_m_equals_feeding_m_tokens"]),
+                                    ["rollback.keep_m_equals_feeding_m_tokens",
+                                     "greedy.forced_right_wrong_and_empty_drafts"]),
     "sampling accepts drafts greedily at temperature > 0": (greedy_acceptance_when_sampling, "mlx",
                                                             ["sampling.drafts_do_not_change_the_distribution"]),
-    "cache file with the wrong byte order": (wrong_byte_order, "reference", ["cache_files.golden_files_load"]),
+    "cache file with the wrong byte order": (wrong_byte_order, "reference",
+                                             ["cache_files.golden_files_load",
+                                              "cache_files.saved_files_are_llama_format"]),
 }
