@@ -7,9 +7,10 @@ import json
 import sys
 
 from conformance.backend import BUILTIN, ENV, PROTOCOL, resolve
-from conformance.registry import AREAS, all_checks
-from conformance.report import progress_line, summary
-from conformance.runner import THOROUGH, Options, run_suite
+from conformance.registry import AREAS, THOROUGH
+
+# The checks need hypothesis (``pip install 'ngram-spec[test]'``); it is imported only when they run,
+# so that ``ngram-spec`` works without it.
 
 DESCRIPTION = f"""\
 Check that a backend implements n-gram speculative decoding correctly: llama.cpp's n-gram counts,
@@ -42,6 +43,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        import hypothesis  # noqa: F401
+    except ImportError:
+        raise ValueError("the conformance suite needs hypothesis: pip install 'ngram-spec[test]' "
+                         "(or: pip install hypothesis)") from None
+    from conformance.registry import all_checks
+    from conformance.report import progress_line, summary
+    from conformance.runner import Options, run_suite
+
     checks = [c for c in all_checks()
               if (not args.area or c.area in args.area)
               and (not args.check or any(fnmatch.fnmatch(c.id, p) or c.id == p for p in args.check))]
@@ -59,19 +69,24 @@ def run(args: argparse.Namespace) -> int:
     print(f"ngram-spec conformance: backend {backend.name!r}{target}, "
           f"seed {options.seed}, {'thorough' if args.thorough else 'default'} run, {len(checks)} checks")
     print(f"  provides: {', '.join(backend.provided()) or 'nothing'}")
+    live = sys.stdout.isatty() and not args.quiet
     area = None
 
-    def show(result):
+    def starting(check):
         nonlocal area
-        if args.quiet:
-            return
-        if result.area != area:
-            area = result.area
-            print(f"\n{AREAS[area]}")
-        print(progress_line(result), flush=True)
+        if not args.quiet and check.area != area:
+            print(f"\n{AREAS[check.area]}")
+        area = check.area
+        if live:  # the name of the running check, replaced by its result line
+            print(f"  ....  {check.id}", end="\r", flush=True)
 
-    report = run_suite(backend, checks, options, on_result=show)
-    rerun = f"python -m conformance --backend {backend.name}" + (" --thorough" if args.thorough else "")
+    def finished(result):
+        if not args.quiet:
+            print(progress_line(result), flush=True)
+
+    report = run_suite(backend, checks, options, on_result=finished, on_start=starting)
+    rerun = (f"python -m conformance --backend {backend.name}" + (" --thorough" if args.thorough else "")
+             + (f" --examples {args.examples}" if args.examples else ""))
     print(summary(report, rerun))
     if args.json:
         with open(args.json, "w") as f:
@@ -110,3 +125,5 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"python -m conformance: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        return 130

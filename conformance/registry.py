@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+THOROUGH = 10  # --thorough runs this many times the default number of examples per property check
+
 # Areas in report order: id -> what a reader sees.
 AREAS = {
     "counts": "n-gram counts",

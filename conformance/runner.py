@@ -16,10 +16,9 @@ import hypothesis
 from hypothesis import HealthCheck
 
 from conformance.backend import Backend
-from conformance.registry import Check
+from conformance.registry import THOROUGH, Check
 
 PASSED, FAILED, SKIPPED, NOT_APPLICABLE = "passed", "failed", "skipped", "not applicable"
-THOROUGH = 10  # --thorough runs this many times the default number of examples
 
 
 class Skip(Exception):
@@ -164,11 +163,14 @@ class Report:
 
 
 def run_suite(backend: Backend, checks: Iterable[Check], options: Options,
-              on_result: Callable[[CheckResult], None] | None = None) -> Report:
-    """Run ``checks`` in order; ``on_result`` sees each result as it arrives (progress output)."""
+              on_result: Callable[[CheckResult], None] | None = None,
+              on_start: Callable[[Check], None] | None = None) -> Report:
+    """Run ``checks`` in order; ``on_start`` / ``on_result`` see each check begin and end (progress output)."""
     report = Report(backend.name, options.seed, options.thorough)
     t0 = time.perf_counter()
     for check in checks:
+        if on_start:
+            on_start(check)
         result = run_check(check, backend, options)
         report.results.append(result)
         if on_result:

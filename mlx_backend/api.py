@@ -35,7 +35,8 @@ NAME = "mlx"
 
 __all__ = [
     "NAME", "CacheFileError", "CacheFormatError", "HashTable", "NgramDrafter", "ReplayStats", "SortedCache",
-    "as_sorted", "as_table", "build_static", "cache_entries", "context_counts", "convert", "detect_format",
+    "as_sorted", "as_table", "build_static", "cache_entries", "context_counts", "convert", "describe_cache",
+    "detect_format",
     "load_cache", "merge_caches", "read_tokens", "replay", "save_cache", "vocab_fingerprint", "write_tokens",
 ]
 
@@ -107,3 +108,34 @@ def convert(src, dst, to: str = "ours") -> SortedCache:
     cache = load_cache(src, verify=True)
     save_cache(cache, dst, format=to)
     return cache
+
+
+def describe_cache(cache, top: int = 10) -> dict:
+    """What ``ngram-spec inspect`` prints (``reference.cli.ngram.describe`` of the canonical rows),
+    computed on the arrays: per-size totals, the follower distribution and the ``top`` entries."""
+    cache = as_sorted(cache)
+    per_n, fcounts = {}, []
+    for n, s in cache.sections.items():
+        f = np.diff(s.offsets.astype(np.int64))
+        fcounts.append(f)
+        per_n[str(n)] = {"ngrams": s.n_keys, "entries": s.n_entries, "sum_counts": int(s.counts.sum(dtype=np.int64))}
+    f = np.concatenate(fcounts) if fcounts else np.zeros(0, np.int64)
+    sizes, freq = np.unique(f, return_counts=True)
+    rows = cache.canonical_array()
+    if len(rows) and top:
+        pick = np.lexsort(tuple(rows[:, c] for c in range(5, -1, -1)) + (-rows[:, 6],))[:top]
+        top_rows = rows[pick].tolist()
+    else:
+        top_rows = []
+    n_keys, n_entries = len(cache), cache.n_entries()
+    return {
+        "ngrams": n_keys, "entries": n_entries, "sum_counts": sum(d["sum_counts"] for d in per_n.values()),
+        "per_n": per_n,
+        "followers": {
+            "max": int(f.max()) if f.size else 0,
+            "mean": n_entries / n_keys if n_keys else 0.0,
+            "ngrams_with_1": int((f == 1).sum()),
+            "histogram": {str(int(k)): int(v) for k, v in zip(sizes[:20], freq[:20])},
+        },
+        "top": [{"ngram": [t for t in r[1:5] if t != -1], "token": r[5], "count": r[6]} for r in top_rows],
+    }

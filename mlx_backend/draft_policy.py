@@ -106,7 +106,7 @@ def model_key(model: nn.Module, s_max: int) -> str:
 def measure_verify_cost(model: nn.Module, s_max: int = DEFAULT_K_MAX + 1, *, reps: int = 3,
                         context: int = 32, gdn_path: str | None = None,
                         cache_file: str | os.PathLike | None = None) -> list[float]:
-    """Seconds per verify forward of S = 1..s_max tokens (fastest of ``reps``), measured once.
+    """Seconds per verify forward of S = 1..s_max tokens (fastest of ``reps`` rounds), measured once.
 
     The result is remembered per :func:`model_key` for this process and, with ``cache_file``,
     across processes (a JSON object ``{key: costs}``, written atomically).
@@ -122,17 +122,17 @@ def measure_verify_cost(model: nn.Module, s_max: int = DEFAULT_K_MAX + 1, *, rep
     model(mx.arange(context).reshape(1, -1) % 2, cache=cache)
     mx.eval([c.state for c in cache])
     verifier = VerifyCache(model, cache, gdn_path)
-    costs = []
-    for S in range(1, s_max + 1):
-        tokens = mx.arange(S, dtype=mx.uint32) % 2
-        times = []
-        for _ in range(reps + 1):          # the first run warms up (graph building, allocation)
+    times: list[list[float]] = [[] for _ in range(s_max)]
+    for r in range(reps + 1):              # round 0 warms up (graph building, allocation)
+        for S in range(1, s_max + 1):      # S interleaved, so a load change hits all S alike
+            tokens = mx.arange(S, dtype=mx.uint32) % 2
             t0 = time.perf_counter()
             logits = verifier.forward(tokens, record=True)
             mx.eval(logits, [c.state for c in cache])
-            times.append(time.perf_counter() - t0)
+            if r:
+                times[S - 1].append(time.perf_counter() - t0)
             verifier.keep(0)
-        costs.append(min(times[1:]))
+    costs = [min(t) for t in times]
     verifier.close()
     _COSTS[key] = costs
     if cache_file is not None:

@@ -234,8 +234,8 @@ class HashTable:
 
     >>> t = HashTable()
     >>> t.update(np.array([5, 6, 5, 6, 5], dtype=np.int32))
-    >>> t.n_keys, t.n_entries, t.total()
-    (7, 7, 10)
+    >>> len(t), t.n_entries(), t.total(), t.sizes()
+    (7, 7, 10, {1, 2, 3, 4})
     >>> t.entries()[:2]
     [(1, 5, -1, -1, -1, 6, 2), (1, 6, -1, -1, -1, 5, 2)]
     """
@@ -250,7 +250,7 @@ class HashTable:
     def _alloc(self, kcap: int, ecap: int) -> None:
         if max(kcap, ecap) > self.MAX_ROWS:
             raise ValueError(f"a table holds at most {self.MAX_ROWS} n-grams and entries")
-        n_k, n_e = self.n_keys, self.n_entries
+        n_k, n_e = len(self), self.n_entries()
         K, E = np.empty((kcap, 8), np.int64), np.empty((ecap, 4), np.int64)
         if self.T is not None:
             K[:n_k] = self.T[1][:n_k]
@@ -261,22 +261,29 @@ class HashTable:
         if n_k or n_e:
             rehash(self.T)
 
-    @property
-    def n_keys(self) -> int:
+    def __len__(self) -> int:
+        """The number of distinct n-grams."""
         return int(self.meta[0])
 
-    @property
     def n_entries(self) -> int:
+        """The number of (n-gram, follower) pairs."""
         return int(self.meta[1])
 
+    def sizes(self) -> set[int]:
+        """The n-gram sizes present."""
+        from mlx_backend.tables_sorted import ngram_size
+
+        K = self.T[1][: len(self)]
+        return set(ngram_size(K[:, KW0], K[:, KW1]).tolist())
+
     def has_room(self, more_keys: int, more_entries: int) -> bool:
-        return self.n_keys + more_keys <= len(self.T[1]) and self.n_entries + more_entries <= len(self.T[3])
+        return len(self) + more_keys <= len(self.T[1]) and self.n_entries() + more_entries <= len(self.T[3])
 
     def reserve(self, more_keys: int, more_entries: int) -> None:
         """Make room for ``more_keys`` keys and ``more_entries`` entries (load factor <= 1/2)."""
         if not self.has_room(more_keys, more_entries):
             kcap, ecap = len(self.T[1]), len(self.T[3])
-            need_k, need_e = self.n_keys + more_keys, self.n_entries + more_entries
+            need_k, need_e = len(self) + more_keys, self.n_entries() + more_entries
             self._alloc(max(need_k, 2 * kcap if need_k > kcap else kcap), max(need_e, 2 * ecap if need_e > ecap else ecap))
 
     def clear(self) -> None:
@@ -297,22 +304,22 @@ class HashTable:
 
     def merge(self, other: HashTable) -> HashTable:
         """Add every count of ``other``; returns ``self``."""
-        self.reserve(other.n_keys, other.n_entries)
+        self.reserve(len(other), other.n_entries())
         merge_into(self.T, other.T)
         return self
 
     def copy(self) -> HashTable:
-        out = HashTable(max(self.n_keys, 16), max(self.n_entries, 16))
+        out = HashTable(max(len(self), 16), max(self.n_entries(), 16))
         return out.merge(self)
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``(w0, w1, token, count)`` of every entry, in insertion order."""
-        K, E = self.T[1], self.T[3][: self.n_entries]
+        K, E = self.T[1], self.T[3][: self.n_entries()]
         k = E[:, EKEY]
         return K[k, KW0], K[k, KW1], E[:, ETOK].copy(), E[:, ECNT].copy()
 
     def total(self) -> int:
-        return int(self.T[3][: self.n_entries, ECNT].sum())
+        return int(self.T[3][: self.n_entries(), ECNT].sum())
 
     def entries(self) -> list[tuple[int, ...]]:
         """Canonical sorted rows ``(n, t0, t1, t2, t3, token, count)`` (like ``NgramCache.entries``)."""
@@ -320,11 +327,8 @@ class HashTable:
 
         return [tuple(r) for r in canonical_rows(*self.arrays()).tolist()]
 
-    def __len__(self) -> int:
-        return self.n_keys
-
     def __repr__(self) -> str:
-        return f"HashTable({self.n_keys} n-grams, {self.n_entries} entries)"
+        return f"HashTable({len(self)} n-grams, {self.n_entries()} entries)"
 
 
 # ----------------------------------------------------------------------------- drafting kernel
@@ -461,44 +465,47 @@ def draft_into(P, L, D, n_draft, C, Y, has_dyn, ST, int32):
 
 
 @njit(cache=True)
-def update_then_draft(P, start, L, D, n_draft, C, Y, has_dyn, ST, int32):
+def update_then_draft(P, start, L, D, n_draft, C, Y, ST, int32):
     """Count the positions ``start..L-1`` into ``C``, then :func:`draft_into` (one call per generation step)."""
     update_range(C, P, start, L)
-    return draft_into(P, L, D, n_draft, C, Y, has_dyn, ST, int32)
+    return draft_into(P, L, D, n_draft, C, Y, True, ST, int32)
 
 
 @njit(cache=True)
-def replay_kernel(inp, n_ctx, n_draft, C, Y, ST, int32, rec_pos, rec_k, rec_d, record_drafts):
-    """lookup-stats over ``inp`` (lookup-stats.cpp:77-137); ``C`` is cleared per chunk and merged into
-    ``Y`` after it. Returns ``(n_calls, n_drafted, n_accept)``; each call's position and draft count go
-    to ``rec_pos``/``rec_k`` and, if ``record_drafts``, its tokens to ``rec_d`` (``n_draft`` per call)."""
-    N = inp.size
+def update_then_draft_no_dyn(P, start, L, D, n_draft, C, ST, int32):
+    """:func:`update_then_draft` without a dynamic cache (five arrays fewer to pass per call)."""
+    update_range(C, P, start, L)
+    return draft_into(P, L, D, n_draft, C, C, False, ST, int32)
+
+
+@njit(cache=True)
+def replay_chunk(X, n_draft, C, Y, ST, int32, i_start, rec_pos, rec_k, rec_d, n_calls, record_drafts):
+    """lookup-stats on one chunk ``X`` (lookup-stats.cpp:78-125) with ``C`` empty at the start:
+    draft, accept the matching prefix, append the "sampled" token, counting each appended token into
+    ``C``. Call ``n_calls + c`` records its position and draft count in ``rec_pos``/``rec_k`` and,
+    if ``record_drafts``, its tokens in ``rec_d`` (``n_draft`` slots per call).
+    Returns ``(n_calls after the chunk, n_drafted, n_accept)``."""
+    n_ctx = X.size
     D = np.empty(n_draft, np.int32)
-    n_calls = n_drafted = n_accept = 0
-    i_start = 0
-    while i_start + n_ctx < N:
-        X = inp[i_start : i_start + n_ctx]
-        clear(C)
-        L = 1
-        while L < n_ctx:
-            k = draft_into(X, L, D, n_draft, C, Y, True, ST, int32)
-            rec_pos[n_calls] = i_start + L
-            rec_k[n_calls] = k
-            if record_drafts:
-                rec_d[n_calls * n_draft : n_calls * n_draft + k] = D[:k]
-            n_calls += 1
-            n_drafted += k
-            for j in range(k):
-                if L == n_ctx or D[j] != X[L]:
-                    break
-                n_accept += 1
-                L += 1
-                update_range(C, X, L - 1, L)
-            if L < n_ctx:
-                L += 1
-                update_range(C, X, L - 1, L)
-        merge_into(Y, C)
-        i_start += n_ctx
+    n_drafted = n_accept = 0
+    L = 1
+    while L < n_ctx:
+        k = draft_into(X, L, D, n_draft, C, Y, True, ST, int32)
+        rec_pos[n_calls] = i_start + L
+        rec_k[n_calls] = k
+        if record_drafts:
+            rec_d[n_calls * n_draft : n_calls * n_draft + k] = D[:k]
+        n_calls += 1
+        n_drafted += k
+        for j in range(k):
+            if L == n_ctx or D[j] != X[L]:
+                break
+            n_accept += 1
+            L += 1
+            update_range(C, X, L - 1, L)
+        if L < n_ctx:
+            L += 1
+            update_range(C, X, L - 1, L)
     return n_calls, n_drafted, n_accept
 
 

@@ -1,9 +1,11 @@
-"""lookup-stats replay on array tables: ``reference.replay.replay`` with the whole loop in one numba
-kernel (:func:`mlx_backend.ngram_tables.replay_kernel`), giving the same drafts and statistics.
+"""lookup-stats replay on array tables: ``reference.replay.replay`` with each chunk replayed by one
+numba kernel call (:func:`mlx_backend.ngram_tables.replay_chunk`), giving the same drafts and statistics.
 
 The kernel records each draft call's position and drafts; ``on_draft`` is called for every call
-afterwards, in call order. ``t_draft_us`` times the whole kernel (draft calls, context updates and
-the per-chunk merges into ``c_dyn``, which lookup-stats leaves untimed; the merges are a small part).
+afterwards, in call order. ``t_draft_us`` times what lookup-stats times: the draft calls and the
+context-cache updates (the kernel calls), not the merges of each chunk into ``c_dyn`` (l.135-137).
+The returned stats also carry ``cpu_t_draft_us``, the same span in CPU time of this process (on a
+shared machine the wall clock includes waiting for a core).
 
 >>> stats = replay([1, 2, 3] * 4, n_ctx=11, n_draft=4)
 >>> stats.n_chunks, stats.n_draft_calls, stats.n_drafted, stats.n_accept
@@ -16,7 +18,9 @@ import time
 
 import numpy as np
 
-from mlx_backend.ngram_tables import NGRAM_MAX, HashTable, replay_kernel
+from tqdm import tqdm
+
+from mlx_backend.ngram_tables import NGRAM_MAX, HashTable, replay_chunk
 from reference.draft import SCORES
 from reference.replay import ReplayStats, check_replay_args
 
@@ -25,8 +29,8 @@ def replay(tokens, n_ctx: int = 4096, n_draft: int = 16, c_st=None, c_dyn=None, 
            score: str = "exact", progress: bool | None = False) -> ReplayStats:
     """Replay ``tokens`` like llama-lookup-stats (see ``reference.replay.replay``). ``c_st``/``c_dyn``:
     caches of either backend or file paths of either format (loading is timed as ``load_ms``); a
-    given ``c_dyn`` is copied, never modified. ``progress`` is accepted for compatibility (the kernel
-    runs without a bar)."""
+    given ``c_dyn`` is copied, never modified. ``progress``: a tqdm bar per chunk on stderr
+    (``None``: only on a terminal)."""
     from mlx_backend.api import as_sorted, as_table
 
     check_replay_args(n_ctx, n_draft)
@@ -53,16 +57,29 @@ def replay(tokens, n_ctx: int = 4096, n_draft: int = 16, c_st=None, c_dyn=None, 
     rec_k = np.zeros(max(replayed, 1), np.int32)
     record = on_draft is not None
     rec_d = np.zeros(max(replayed, 1) * n_draft if record else 1, np.int32)
-    t = time.perf_counter_ns()
-    n_calls, n_drafted, n_accept = replay_kernel(inp, n_ctx, n_draft, ctx.T, dyn.T, st.static_arrays(),
-                                                 score == "int32", rec_pos, rec_k, rec_d, record)
-    t_draft_us = (time.perf_counter_ns() - t) / 1e3
+    st_arrays = st.static_arrays()
+    n_calls = n_drafted = n_accept = 0
+    t_draft_ns = cpu_ns = 0
+    for i_start in tqdm(range(0, N - n_ctx, n_ctx), desc="replay", unit="chunk", leave=False,
+                        disable=None if progress is None else not progress):
+        ctx.clear()
+        t, c = time.perf_counter_ns(), time.process_time_ns()
+        n_calls, d, a = replay_chunk(inp[i_start : i_start + n_ctx], n_draft, ctx.T, dyn.T, st_arrays,
+                                     score == "int32", i_start, rec_pos, rec_k, rec_d, n_calls, record)
+        t_draft_ns += time.perf_counter_ns() - t
+        cpu_ns += time.process_time_ns() - c
+        n_drafted += d
+        n_accept += a
+        dyn.merge(ctx)  # not timed (lookup-stats.cpp:135-137)
+    t_draft_us = t_draft_ns / 1e3
     if record:
         pos, ks = rec_pos[:n_calls].tolist(), rec_k[:n_calls].tolist()
         for c in range(n_calls):
             on_draft(pos[c], rec_d[c * n_draft : c * n_draft + ks[c]].tolist())
-    return ReplayStats(
+    stats = ReplayStats(
         n_input=N, n_ctx=n_ctx, n_chunks=n_chunks, n_draft=n_draft, n_drafted=n_drafted, n_accept=n_accept,
         accept=100.0 * n_accept / n_drafted if n_drafted else 0.0, n_draft_calls=n_calls,
         t_draft_us=t_draft_us, us_per_drafted_token=t_draft_us / n_drafted if n_drafted else 0.0,
         load_ms=load_ms, c_dyn=dyn)
+    stats.cpu_t_draft_us = cpu_ns / 1e3
+    return stats

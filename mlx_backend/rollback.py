@@ -34,7 +34,12 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import qwen3_5, qwen3_next
 from mlx_lm.models.cache import ArraysCache, RotatingKVCache
-from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk
+try:
+    from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk
+except ImportError as exc:   # normalize_qk arrived in mlx-lm 0.32
+    import mlx_lm
+    raise ImportError(f"mlx_backend needs mlx-lm >= 0.32 (found {mlx_lm.__version__}): "
+                      f"pip install 'mlx-lm>=0.32,<0.33'") from exc
 
 from mlx_backend.conv import depthwise_conv1d
 

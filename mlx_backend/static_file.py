@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
-from mlx_backend.ngram_tables import NGRAM_MAX
-from mlx_backend.tables_sorted import INT32_MAX, Section, SortedCache, cache_from_rows
+from mlx_backend.ngram_tables import NGRAM_MAX, words_to_slots
+from mlx_backend.tables_sorted import INT32_MAX, Section, SortedCache, cache_from_rows, static_top
 from reference.cache_file import CacheFileError
 
 MAGIC = b"NGRAMSPC"
@@ -151,8 +151,6 @@ def open_ours(path: str | os.PathLike, verify: bool = False) -> SortedCache:
 def verify_cache(cache: SortedCache, path: str | os.PathLike = "<memory>") -> None:
     """Check every array of a cache: keys strictly increasing, offsets consistent, followers
     strictly increasing per key, counts positive, ``top`` equal to the static-only rule."""
-    from mlx_backend.tables_sorted import static_top
-
     for n, s in cache.sections.items():
         where = f"section n={n}"
         off = s.offsets.astype(np.int64)
@@ -274,8 +272,6 @@ def save_llama(cache: SortedCache, path: str | os.PathLike) -> None:
         rec_len = 5 + 2 * f
         rec_start = np.cumsum(rec_len) - rec_len
         out = np.empty(5 * K + 2 * E, np.int32)
-        from mlx_backend.ngram_tables import words_to_slots
-
         slots = words_to_slots(w0, w1)
         for c in range(4):
             out[rec_start + c] = slots[:, c]

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from mlx_backend.ngram_tables import NGRAM_MAX, HashTable, update_range, update_then_draft
+from mlx_backend.ngram_tables import NGRAM_MAX, HashTable, update_range, update_then_draft, update_then_draft_no_dyn
 
 INT32_MAX = 2**31 - 1
 from reference.draft import SCORES
@@ -42,7 +42,6 @@ class NgramDrafter:
         self.c_st = None if c_st is None else as_sorted(c_st)
         self._st = as_sorted(self.c_st).static_arrays()
         self.c_dyn = None if c_dyn is None else as_table(c_dyn)
-        self._dyn = self.c_dyn if self.c_dyn is not None else HashTable(16, 16)
         self._ctx = HashTable()
         self._buf = np.zeros(1024, np.int32)
         self._n = 0  # len(tokens)
@@ -74,8 +73,10 @@ class NgramDrafter:
         itself happens in the next :meth:`draft` call, in the same kernel call)."""
         if isinstance(tokens, np.ndarray):
             t = tokens.reshape(-1)
-            if t.size and (t.dtype.kind not in "iu" or int(t.min()) < 0 or int(t.max()) > INT32_MAX):
-                bad = t[(t < 0) | (t > INT32_MAX)] if t.dtype.kind in "iuf" else t
+            if t.size and t.dtype.kind not in "iu":
+                raise ValueError(f"token ids must be integers, got an array of {t.dtype}")
+            if t.size and (int(t.min()) < 0 or int(t.max()) > INT32_MAX):
+                bad = t[(t < 0) | (t > INT32_MAX)]
                 raise ValueError(f"invalid token id {bad.tolist()[0]}; token ids must be in [0, 2**31-1]")
         else:
             t = list(tokens)
@@ -105,7 +106,11 @@ class NgramDrafter:
             raise ValueError(f"n_draft must be >= 1, got {n_draft}")
         if n_draft > self._out.size:
             self._out = np.zeros(n_draft, np.int32)
-        k = update_then_draft(self._buf, self._counted, self._n, self._out, n_draft, self._ctx.T, self._dyn.T,
-                              self.c_dyn is not None, self._st, self._int32)
+        if self.c_dyn is None:
+            k = update_then_draft_no_dyn(self._buf, self._counted, self._n, self._out, n_draft, self._ctx.T,
+                                         self._st, self._int32)
+        else:
+            k = update_then_draft(self._buf, self._counted, self._n, self._out, n_draft, self._ctx.T,
+                                  self.c_dyn.T, self._st, self._int32)
         self._counted = self._n
         return self._out[:k].tolist()

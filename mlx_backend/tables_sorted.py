@@ -372,10 +372,17 @@ def merge_caches(caches, **meta) -> SortedCache:
             acc = rows if acc is None else _merge_rows(*acc, *rows)
         if acc is not None:
             sections[n] = section_from_sorted(n, *acc)
-    if not meta and caches:
-        meta = dict(vocab_size=caches[0].vocab_size, fingerprint=caches[0].fingerprint)
-        for c in caches[1:]:
-            if (c.vocab_size, c.fingerprint) != (meta["vocab_size"], meta["fingerprint"]):
-                meta = {}
-                break
+    if not meta:
+        meta = merged_tokenizer(caches)
     return SortedCache(sections, **meta)
+
+
+def merged_tokenizer(caches) -> dict:
+    """The tokenizer record of a merge: the one the inputs record (unknown ones are ignored); inputs
+    built for different tokenizers cannot be merged."""
+    vocab = {c.vocab_size for c in caches if c.vocab_size}
+    prints = {bytes(c.fingerprint) for c in caches if any(c.fingerprint)}
+    if len(vocab) > 1 or len(prints) > 1:
+        raise ValueError(f"cannot merge caches built for different tokenizers (vocabulary sizes {sorted(vocab)}, "
+                         f"{len(prints)} fingerprints)")
+    return {"vocab_size": vocab.pop() if vocab else 0, "fingerprint": prints.pop() if prints else bytes(32)}

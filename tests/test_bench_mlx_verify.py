@@ -164,6 +164,6 @@ def test_bench_policy_prediction(benchmark, size):
     for a in (0.5, 0.7, 0.8, 0.9, 0.95):
         p = DraftPolicy(costs, prior=a)
         n = p.choose(16)
-        table[a] = {"n": n, "predicted_speedup": round(p.expected_tokens(n) / costs[n] * costs[0], 3)}
+        table[a] = {"n": n, "predicted_speedup": round(p.expected_tokens(n) / p.costs[n] * p.costs[0], 3)}
     benchmark.group = f"policy-{size}"
     _info(benchmark, size=size, cost_rel=[round(c / costs[0], 3) for c in costs], by_acceptance=table)

@@ -93,3 +93,14 @@ def test_generate_mlx_lm_model_directory(capsys, tmp_path):
 def test_generate_bad_model_path_is_a_clear_error(capsys, tmp_path):
     assert main(["generate", "--model", str(tmp_path / "nope"), "--prompt", "hi"]) == 2
     assert "not a .gguf file or an mlx-lm model directory" in capsys.readouterr().err
+
+
+def test_main_job_doc_examples_run(capsys):
+    """The ```python blocks of docs/main-job.md, executed in order in one namespace."""
+    text = (Path(__file__).parents[1] / "docs" / "main-job.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in text.split("```python\n")[1:]]
+    assert len(blocks) >= 2
+    namespace: dict = {}
+    for block in blocks:
+        exec(compile(block, "docs/main-job.md", "exec"), namespace)
+    assert "tokens in" in capsys.readouterr().out

@@ -78,3 +78,17 @@ def test_merge_and_inspect_mlx_backend_mixed_formats(tmp_path, capsys):
 def test_convert_help_explains():
     with pytest.raises(SystemExit):
         main(["convert", "--help"])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_describe_cache_equals_inspect_summary(seed):
+    """``describe_cache`` (vectorized, for ``inspect`` on big caches) = the reference CLI's summary."""
+    from reference.cli.ngram import describe
+    from reference.ngram_cache import NgramCache
+
+    rng = np.random.default_rng(seed)
+    s = rng.integers(0, [3, 30, 300, 3000][seed], 2000).tolist()
+    c = NgramCache()
+    c.update(s, len(s))
+    for top in (0, 7):
+        assert api.describe_cache(api.as_sorted(c), top) == describe(c.entries(), top)

@@ -121,3 +121,18 @@ def test_wheel_ships_the_golden_vectors(tmp_path):
     shipped = {str(p.relative_to(ROOT)) for p in (ROOT / "conformance" / "vectors").rglob("*") if p.is_file()}
     assert shipped and shipped <= names, sorted(shipped - names)[:5]
     assert {"conformance/checks/drafting.py", "conformance/adapters/mlx.py", "conformance/__main__.py"} <= names
+
+
+def test_without_hypothesis_the_cli_still_loads_and_explains():
+    """hypothesis is a test extra: ngram-spec must work without it, and conformance must say what is missing."""
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'hypothesis': raise ImportError('hypothesis blocked')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from reference.cli import main\n"
+        "sys.exit(main(['conformance', '--backend', 'reference']))\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert p.returncode == 2
+    assert "needs hypothesis: pip install 'ngram-spec[test]'" in p.stderr

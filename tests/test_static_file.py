@@ -196,3 +196,13 @@ def test_cache_format_doc_examples_run():
     assert blocks
     for block in blocks:
         exec(compile(block, str(doc), "exec"), {})
+
+
+def test_merge_keeps_or_refuses_tokenizer_records():
+    a, b = api.build_static([1, 2, 3, 1]), api.build_static([1, 2, 4, 1])
+    a.vocab_size, a.fingerprint = 10, sf.vocab_fingerprint({"x": 0})
+    m = api.merge_caches([a, b])  # b records nothing: the known record is kept
+    assert (m.vocab_size, m.fingerprint) == (10, a.fingerprint)
+    b.vocab_size = 11
+    with pytest.raises(ValueError, match="different tokenizers"):
+        api.merge_caches([a, b])

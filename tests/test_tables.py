@@ -184,3 +184,23 @@ def test_build_static_from_token_file_is_memory_mapped(tmp_path):
     np.array([3, -2, 4], "<i4").tofile(tmp_path / "neg.i32")
     with pytest.raises(ValueError, match="negative token id -2 at index 1"):
         api.build_static(str(tmp_path / "neg.i32"))
+
+
+def test_extend_rejects_bad_arrays_and_accepts_numpy_ids():
+    d = api.NgramDrafter()
+    with pytest.raises(ValueError, match="integers"):
+        d.extend(np.array([1.5]))
+    with pytest.raises(ValueError, match="invalid token id -3"):
+        d.extend(np.array([1, -3], np.int64))
+    with pytest.raises(ValueError, match="invalid token id 'a'"):
+        d.extend(["a"])
+    d.extend(np.array([4, 5, 4, 5], np.int64))
+    d.extend([np.int32(4)])
+    assert d.tokens.tolist() == [4, 5, 4, 5, 4]
+    assert d.draft(2) == ref_drafts([4, 5, 4, 5, 4], 2)
+
+
+def ref_drafts(tokens, n_draft):
+    r = ref.NgramDrafter()
+    r.reset(tokens)
+    return r.draft(n_draft)

@@ -57,7 +57,7 @@ def caches(draw):
 
 
 @check("cache_files", needs=("load_cache", "save_cache", "cache_entries"),
-       given=dict(cache=caches(), order=st.randoms(use_true_random=False)), examples=30)
+       given=dict(cache=caches(), order=st.randoms(use_true_random=False)), examples=80)
 def saved_files_are_llama_format(impl, cache, order):
     """A loaded cache (records in any order) saves as llama.cpp's little-endian format with the same counts."""
     records = [llama_format.to_bytes({eta: part}) for eta, part in cache.items()]

@@ -22,7 +22,7 @@ def _diff(got: list, want: list) -> str:
     return f"rows (n, t0, t1, t2, t3, token, count) not expected: {extra}; expected but absent: {missing}"
 
 
-@check("counts", needs=("build_static", "cache_entries"), given=dict(tokens=streams()), examples=40)
+@check("counts", needs=("build_static", "cache_entries"), given=dict(tokens=streams()), examples=100)
 def static_cache_counts_2grams(impl, tokens):
     """The static cache of a stream counts every 2-gram and its follower: c_st((t[i-2], t[i-1]), t[i])."""
     got, want = _rows(impl, impl.build_static(tokens)), oracle.rows(oracle.counts(tokens, sizes=(2,)))
@@ -30,7 +30,7 @@ def static_cache_counts_2grams(impl, tokens):
 
 
 @check("counts", needs=("NgramDrafter", "context_counts", "cache_entries"),
-       given=dict(tokens=streams(), cuts=st.lists(st.integers(1, 20), max_size=8)), examples=40)
+       given=dict(tokens=streams(), cuts=st.lists(st.integers(1, 20), max_size=8)), examples=100)
 def context_cache_counts_sizes_1_to_4(impl, tokens, cuts):
     """The context cache holds every n-gram of sizes 1..4 of the prompt and of each token appended later."""
     prompt_len = min(len(tokens), cuts[0] if cuts else len(tokens))
@@ -46,7 +46,7 @@ def context_cache_counts_sizes_1_to_4(impl, tokens, cuts):
 
 
 @check("counts", needs=("NgramDrafter", "context_counts", "cache_entries"),
-       given=dict(tokens=streams(), n_draft=st.integers(1, 8)), examples=40)
+       given=dict(tokens=streams(), n_draft=st.integers(1, 8)), examples=100)
 def drafted_tokens_are_not_counted(impl, tokens, n_draft):
     """Drafting reads the caches only: drafted tokens never enter the context cache."""
     drafter = impl.NgramDrafter()
@@ -58,7 +58,7 @@ def drafted_tokens_are_not_counted(impl, tokens, n_draft):
 
 
 @check("counts", needs=("build_static", "merge_caches", "cache_entries"),
-       given=dict(a=streams(), b=streams()), examples=30)
+       given=dict(a=streams(), b=streams()), examples=80)
 def merge_adds_counts(impl, a, b):
     """Merging caches sums the counts of equal (n-gram, token) keys and leaves its inputs unchanged."""
     ca, cb = impl.build_static(a), impl.build_static(b)

@@ -42,7 +42,7 @@ def generate_and_compare(impl, stream, prompt_len, n_draft, st_src=None, dyn_src
 
 
 @check("drafting", needs=("NgramDrafter",),
-       given=dict(stream=streams(), prompt_len=st.integers(0, 40), n_draft=st.integers(1, 8)), examples=60)
+       given=dict(stream=streams(), prompt_len=st.integers(0, 40), n_draft=st.integers(1, 8)), examples=150)
 def drafts_follow_the_rules_context_only(impl, stream, prompt_len, n_draft):
     """With only the context cache, every draft during a generation is the one the rules give."""
     generate_and_compare(impl, stream, prompt_len, n_draft)
@@ -50,7 +50,7 @@ def drafts_follow_the_rules_context_only(impl, stream, prompt_len, n_draft):
 
 @check("drafting", needs=("NgramDrafter", "load_cache"),
        given=dict(streams=streams_with_caches(), prompt_len=st.integers(0, 40), n_draft=st.integers(1, 8)),
-       examples=60)
+       examples=150)
 def drafts_follow_the_rules_with_all_caches(impl, streams, prompt_len, n_draft):
     """With static and dynamic caches too, drafts follow the fallback order context > dynamic > static."""
     stream, st_src, dyn_src = streams
@@ -98,7 +98,8 @@ def golden_draft_dumps_text(impl):
     """Drafts on English text (cl100k tokens) equal llama.cpp's, with the 2M-token static cache under --thorough."""
     names = ["a1-text-a-nostatic-c4096-d16"]
     if current_options().thorough:
-        names += ["a3-text-a-static-c1024-d8", "a4-text-a-static-dyn-c4096-d16", "dyn-a-build", "s2-syn-v8-rep-nostatic-c4096-d16"]
+        names += ["a3-text-a-static-c1024-d8", "a4-text-a-static-dyn-c4096-d16", "dyn-a-build",
+                  "s2-syn-v8-rep-nostatic-c4096-d16"]
     golden_first_chunks(impl, names)
 
 

@@ -29,7 +29,7 @@ def assert_same_tokens(impl, model, prompt, plain, spec, what) -> None:
     if spec == plain:
         return
     i = next((i for i, (a, b) in enumerate(zip(plain, spec)) if a != b), min(len(plain), len(spec)))
-    if i < min(len(plain), len(spec)) and getattr(impl, "forward", None) is not None:
+    if i < min(len(plain), len(spec)) and all(getattr(impl, n, None) for n in ("forward", "make_cache")):
         logits = np.asarray(impl.forward(model, prompt + plain[:i], impl.make_cache(model)))[-1]
         top2 = np.sort(logits.astype(np.float64))[-2:]
         gap = float(top2[1] - top2[0])
@@ -43,7 +43,7 @@ def assert_same_tokens(impl, model, prompt, plain, spec, what) -> None:
 
 @check("greedy", needs=GENERATE + ("NgramDrafter",),
        given=dict(model=models.models, prompt=models.prompts(), max_tokens=st.integers(1, 20),
-                  draft_max=st.integers(1, 8)), examples=12)
+                  draft_max=st.integers(1, 8)), examples=50)
 def speculative_equals_plain_greedy(impl, model, prompt, max_tokens, draft_max):
     """With the n-gram drafter, speculative greedy output equals plain greedy output token for token."""
     m = models.load(impl, *model)
@@ -72,7 +72,7 @@ def expected_flags(truth, offered, eos):
 
 @check("greedy", needs=GENERATE,
        given=dict(model=models.models, prompt=models.prompts(), max_tokens=st.integers(1, 20),
-                  schedule=schedules(), eos_at=st.one_of(st.none(), st.integers(0, 19))), examples=15)
+                  schedule=schedules(), eos_at=st.one_of(st.none(), st.integers(0, 19))), examples=50)
 def forced_right_wrong_and_empty_drafts(impl, model, prompt, max_tokens, schedule, eos_at):
     """Drafts forced right, wrong or empty (and EOS inside an accepted run) never change greedy output."""
     m = models.load(impl, *model)

@@ -84,7 +84,7 @@ def golden_dynamic_cache_after_replay(impl):
 
 @check("replay", needs=("replay", "load_cache"),
        given=dict(streams=streams_with_caches(), n_ctx=st.integers(2, 40), n_draft=st.integers(1, 8)),
-       examples=40)
+       examples=100)
 def replay_follows_the_rules(impl, streams, n_ctx, n_draft):
     """On random streams, chunking, draft calls and the totals follow lookup-stats' rules."""
     stream, st_src, dyn_src = streams

@@ -64,7 +64,7 @@ def static_weights_choose_the_follower(impl):
 
 @check("thresholds", needs=("NgramDrafter",),
        given=dict(stream=tiny_vocab_streams(), prompt_len=st.integers(0, 30), n_draft=st.integers(1, 6)),
-       examples=80)
+       examples=200)
 def tiny_vocabulary_context_only(impl, stream, prompt_len, n_draft):
     """On 2-4 token vocabularies (ties and exact threshold boundaries everywhere) drafts follow the lax rules."""
     generate_and_compare(impl, stream, prompt_len, n_draft)
@@ -72,7 +72,7 @@ def tiny_vocabulary_context_only(impl, stream, prompt_len, n_draft):
 
 @check("thresholds", needs=("NgramDrafter", "load_cache"),
        given=dict(streams=streams_with_caches(tiny_vocab_streams), prompt_len=st.integers(0, 30),
-                  n_draft=st.integers(1, 6)), examples=80)
+                  n_draft=st.integers(1, 6)), examples=200)
 def tiny_vocabulary_all_caches(impl, streams, prompt_len, n_draft):
     """On 2-4 token vocabularies with static and dynamic caches, drafts follow the strict rules and weights."""
     stream, st_src, dyn_src = streams

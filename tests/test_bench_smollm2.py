@@ -1,0 +1,113 @@
+"""Benchmarks (``pytest --benchmark-only``): SmolLM2-135M-Instruct, speculative vs plain greedy, side by side.
+
+Each round runs every prompt of a kind plain (mlx-lm's ``generate_step``, in pedantic's untimed
+setup, timed by hand) and then speculative (the timed function), so both see the same machine load.
+``extra_info`` holds the medians: plain/spec tokens/s, the speedup, acceptance, tokens per forward,
+the share of drafting and rollback in the speculative time, the BLAS and the weight dtype.
+Targets (issue 6): speedup >= 1.6 on input-grounded prompts, >= 0.97 on free writing.
+
+The BLAS is the process's: run once as is (mlx's bundled reference BLAS, weights kept quantized)
+and once with OpenBLAS interposed (float32 weights, the bandwidth-bound configuration)::
+
+    pytest --benchmark-only tests/test_bench_smollm2.py
+    LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 OPENBLAS_NUM_THREADS=1 \\
+        pytest --benchmark-only tests/test_bench_smollm2.py
+
+``NGRAM_SPEC_BENCH_DTYPE`` overrides the dtype, ``NGRAM_SPEC_BENCH_TOKENS`` the tokens per prompt (96).
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+import pytest
+
+mx = pytest.importorskip("mlx.core")
+from mlx_backend import cli as mlx_cli  # noqa: E402
+from mlx_backend.draft_policy import measure_verify_cost  # noqa: E402
+from mlx_backend.generate import SpecStats, default_drafter, ngram_speculative_generate_step  # noqa: E402
+
+TARGET = {"input-grounded": 1.6, "free writing": 0.97}
+ROUNDS = 3
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    dtype = os.environ.get("NGRAM_SPEC_BENCH_DTYPE") or mlx_cli.default_dtype()
+    try:
+        model, tokenizer, desc = mlx_cli.load_model(None, dtype)
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    costs = measure_verify_cost(model)  # once, outside the timings (the cost-aware policy's input)
+    return model, tokenizer, desc, costs
+
+
+def _plain(model, prompt, max_tokens, eos, sampler):
+    from mlx_lm.generate import generate_step
+
+    out = []
+    for token, _ in generate_step(mx.array(prompt), model, max_tokens=max_tokens, sampler=sampler):
+        out.append(int(token))
+        if token in eos:
+            break
+    return out
+
+
+def _spec(model, prompt, max_tokens, eos, sampler, stats):
+    out = []
+    for token, _, _ in ngram_speculative_generate_step(mx.array(prompt), model, max_tokens=max_tokens,
+                                                       sampler=sampler, drafter=default_drafter(), stats=stats):
+        out.append(int(token))
+        if token in eos:
+            break
+    return out
+
+
+@pytest.mark.parametrize("kind", ["input-grounded", "free writing"])
+def test_bench_smollm2_spec_vs_plain(benchmark, smollm2, kind):
+    from mlx_lm.sample_utils import make_sampler
+
+    model, tokenizer, desc, costs = smollm2
+    max_tokens = int(os.environ.get("NGRAM_SPEC_BENCH_TOKENS", "96"))
+    eos, sampler = set(tokenizer.eos_token_ids), make_sampler(0.0)
+    prompts = [mlx_cli.prompt_tokens(tokenizer, p.text) for p in mlx_cli.DEMO_PROMPTS if p.kind == kind]
+    _spec(model, prompts[0], 4, eos, sampler, SpecStats())  # warm-up
+    plain_rates, spec_rates, ratios, reference, stats_rounds = [], [], [], None, []
+
+    def plain_round():  # untimed by pytest-benchmark, timed here: the side-by-side baseline
+        t0 = time.perf_counter()
+        outs = [_plain(model, p, max_tokens, eos, sampler) for p in prompts]
+        plain_rates.append(sum(map(len, outs)) / (time.perf_counter() - t0))
+        nonlocal reference
+        reference = outs
+
+    def spec_round():
+        stats = [SpecStats() for _ in prompts]
+        t0 = time.perf_counter()
+        outs = [_spec(model, p, max_tokens, eos, sampler, s) for p, s in zip(prompts, stats)]
+        spec_rates.append(sum(map(len, outs)) / (time.perf_counter() - t0))
+        ratios.append(spec_rates[-1] / plain_rates[-1])
+        stats_rounds.append(stats)
+        return outs
+
+    outs = benchmark.pedantic(spec_round, setup=plain_round, rounds=ROUNDS, iterations=1)
+    assert outs == reference, "greedy speculative output differs from plain greedy"
+
+    last = stats_rounds[-1]
+    n = lambda attr: sum(getattr(s, attr) for s in last)  # noqa: E731
+    t_total = sum(s.t_total for s in last)
+    speedup = statistics.median(ratios)
+    benchmark.extra_info.update({
+        "model": desc, "blas": mlx_cli.blas_in_use(), "kind": kind, "prompts": len(prompts),
+        "max_tokens": max_tokens, "tokens": sum(map(len, outs)),
+        "plain_tok_s": round(statistics.median(plain_rates), 2),
+        "spec_tok_s": round(statistics.median(spec_rates), 2),
+        "speedup": round(speedup, 3), "speedups": [round(r, 3) for r in ratios],
+        "target": TARGET[kind], "target_met": speedup >= TARGET[kind],
+        "accept": round(n("n_accept") / max(n("n_drafted"), 1), 4),
+        "tokens_per_forward": round(n("n_tokens") / max(n("steps"), 1), 3),
+        "draft_share": round(sum(s.t_draft for s in last) / t_total, 5),
+        "rollback_share": round(sum(s.t_rollback for s in last) / t_total, 5),
+        "verify_cost_rel": [round(c / costs[0], 3) for c in costs],
+    })
