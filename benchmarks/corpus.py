@@ -231,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.text:
-        docs = blocks(args.text.read_text("utf-8", "replace"))
+        # documents small enough that about 20 of them make the held-out set
+        docs = blocks(args.text.read_text("utf-8", "replace"), size=min(BLOCK_BYTES, max(1000, args.test_bytes // 20)))
         meta = {"source": str(args.text)}
     else:
         with tempfile.TemporaryDirectory(dir=args.out) as work:
@@ -240,6 +241,10 @@ def main(argv: list[str] | None = None) -> int:
         print("corpus: error: no documents found", file=sys.stderr)
         return 1
     train, test = split(docs, args.test_bytes)
+    if not test or not train:
+        print(f"corpus: error: {len(docs)} documents cannot make both a held-out set of ~{args.test_bytes} bytes "
+              "and a training set; use a larger text or a smaller --test-bytes", file=sys.stderr)
+        return 1
     name, encode_batch = make_encoder(args.tokenizer)
     for split_name, part in (("test", test), ("train", train)):
         ids = tokenize(part, encode_batch, f"tokenize {split_name}")

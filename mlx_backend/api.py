@@ -23,7 +23,7 @@ from mlx_backend import tables_sorted
 from mlx_backend.ngram_tables import HashTable, ngram_words
 from mlx_backend.replay import replay
 from mlx_backend.static_file import (CacheFormatError, detect_format, load_cache, save_cache,
-                                     vocab_fingerprint)
+                                     tokenizer_fingerprint, vocab_fingerprint)
 from mlx_backend.tables_drafter import NgramDrafter
 from mlx_backend.tables_sorted import SortedCache, from_table
 from reference.cache_file import CacheFileError
@@ -36,8 +36,8 @@ NAME = "mlx"
 __all__ = [
     "NAME", "CacheFileError", "CacheFormatError", "HashTable", "NgramDrafter", "ReplayStats", "SortedCache",
     "as_sorted", "as_table", "build_static", "cache_entries", "context_counts", "convert", "describe_cache",
-    "detect_format",
-    "load_cache", "merge_caches", "read_tokens", "replay", "save_cache", "vocab_fingerprint", "write_tokens",
+    "detect_format", "load_cache", "merge_caches", "read_tokens", "replay", "save_cache", "tokenizer_fingerprint",
+    "vocab_fingerprint", "write_tokens",
 ]
 
 
@@ -72,10 +72,11 @@ def as_table(cache, copy: bool = True) -> HashTable:
     return as_sorted(cache).to_hash_table()
 
 
-def build_static(tokens, progress: bool | None = False) -> SortedCache:
+def build_static(tokens, progress: bool | None = None) -> SortedCache:
     """The static cache of a token stream (``llama-lookup-create``: 2-grams only), built vectorized in
     chunks. ``tokens`` may also be a token file path: a raw ``.i32`` file is memory-mapped, so a corpus
-    larger than memory is read chunk by chunk (memory grows with the distinct triples only)."""
+    larger than memory is read chunk by chunk (memory grows with the distinct triples only).
+    ``progress``: a tqdm bar on stderr (``None``: only on a terminal)."""
     if isinstance(tokens, (str, os.PathLike)):
         path = str(tokens)
         if path.endswith((".npy", ".xz")):

@@ -1,8 +1,8 @@
 """lookup-stats replay on array tables: ``reference.replay.replay`` with each chunk replayed by one
 numba kernel call (:func:`mlx_backend.ngram_tables.replay_chunk`), giving the same drafts and statistics.
 
-The kernel records each draft call's position and drafts; ``on_draft`` is called for every call
-afterwards, in call order. ``t_draft_us`` times what lookup-stats times: the draft calls and the
+The kernel records each draft call's position and drafts; ``on_draft`` is called for every call of
+a chunk after the chunk, in call order. ``t_draft_us`` times what lookup-stats times: the draft calls and the
 context-cache updates (the kernel calls), not the merges of each chunk into ``c_dyn`` (l.135-137).
 The returned stats also carry ``cpu_t_draft_us``, the same span in CPU time of this process (on a
 shared machine the wall clock includes waiting for a core).
@@ -50,13 +50,11 @@ def replay(tokens, n_ctx: int = 4096, n_draft: int = 16, c_st=None, c_dyn=None, 
     inp = np.ascontiguousarray(inp, np.int32)
     N = inp.size
     n_chunks = max(0, -(-(N - n_ctx) // n_ctx)) if N > n_ctx else 0  # i_start + n_ctx < N
-    replayed = n_chunks * n_ctx
-    ctx = HashTable(NGRAM_MAX * n_ctx, NGRAM_MAX * n_ctx)
-    dyn.reserve(NGRAM_MAX * replayed, NGRAM_MAX * replayed)
-    rec_pos = np.zeros(max(replayed, 1), np.int64)
-    rec_k = np.zeros(max(replayed, 1), np.int32)
+    ctx = HashTable(NGRAM_MAX * n_ctx, NGRAM_MAX * n_ctx)  # c_dyn grows by doubling as chunks merge in
     record = on_draft is not None
-    rec_d = np.zeros(max(replayed, 1) * n_draft if record else 1, np.int32)
+    rec_pos = np.zeros(n_ctx, np.int64)  # one chunk's draft calls (at most n_ctx - 1)
+    rec_k = np.zeros(n_ctx, np.int32)
+    rec_d = np.zeros(n_ctx * n_draft if record else 1, np.int32)
     st_arrays = st.static_arrays()
     n_calls = n_drafted = n_accept = 0
     t_draft_ns = cpu_ns = 0
@@ -64,18 +62,19 @@ def replay(tokens, n_ctx: int = 4096, n_draft: int = 16, c_st=None, c_dyn=None, 
                         disable=None if progress is None else not progress):
         ctx.clear()
         t, c = time.perf_counter_ns(), time.process_time_ns()
-        n_calls, d, a = replay_chunk(inp[i_start : i_start + n_ctx], n_draft, ctx.T, dyn.T, st_arrays,
-                                     score == "int32", i_start, rec_pos, rec_k, rec_d, n_calls, record)
+        calls, d, a = replay_chunk(inp[i_start : i_start + n_ctx], n_draft, ctx.T, dyn.T, st_arrays,
+                                   score == "int32", i_start, rec_pos, rec_k, rec_d, 0, record)
         t_draft_ns += time.perf_counter_ns() - t
         cpu_ns += time.process_time_ns() - c
+        n_calls += calls
         n_drafted += d
         n_accept += a
         dyn.merge(ctx)  # not timed (lookup-stats.cpp:135-137)
+        if record:
+            pos, ks = rec_pos[:calls].tolist(), rec_k[:calls].tolist()
+            for j in range(calls):
+                on_draft(pos[j], rec_d[j * n_draft : j * n_draft + ks[j]].tolist())
     t_draft_us = t_draft_ns / 1e3
-    if record:
-        pos, ks = rec_pos[:n_calls].tolist(), rec_k[:n_calls].tolist()
-        for c in range(n_calls):
-            on_draft(pos[c], rec_d[c * n_draft : c * n_draft + ks[c]].tolist())
     stats = ReplayStats(
         n_input=N, n_ctx=n_ctx, n_chunks=n_chunks, n_draft=n_draft, n_drafted=n_drafted, n_accept=n_accept,
         accept=100.0 * n_accept / n_drafted if n_drafted else 0.0, n_draft_calls=n_calls,

@@ -338,3 +338,10 @@ def vocab_fingerprint(vocab: dict) -> bytes:
         b = tok if isinstance(tok, bytes) else str(tok).encode("utf-8", "surrogatepass")
         h.update(struct.pack("<iI", int(i), len(b)) + b)
     return h.digest()
+
+
+def tokenizer_fingerprint(tokenizer) -> tuple[int, bytes]:
+    """``(vocab_size, fingerprint)`` of a tokenizer with ``get_vocab()`` (``tokenizers.Tokenizer``,
+    transformers tokenizers) or of a ``token -> id`` dict, for the header of our format."""
+    vocab = tokenizer if isinstance(tokenizer, dict) else tokenizer.get_vocab()
+    return (max(vocab.values()) + 1 if vocab else 0), vocab_fingerprint(vocab)

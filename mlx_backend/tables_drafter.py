@@ -14,14 +14,15 @@ context cache ``c_ctx`` is updated token by token, lookup.cpp:54 and after every
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 
 import numpy as np
 
 from mlx_backend.ngram_tables import NGRAM_MAX, HashTable, update_range, update_then_draft, update_then_draft_no_dyn
+from reference.draft import SCORES
 
 INT32_MAX = 2**31 - 1
-from reference.draft import SCORES
 
 
 class NgramDrafter:
@@ -29,11 +30,15 @@ class NgramDrafter:
 
     ``c_st``/``c_dyn`` are caches of either backend or cache file paths (either format); they are
     only read (``c_dyn`` is copied into a hash table once). ``score``: ``"exact"`` or ``"int32"``.
+    ``vocab_size``/``fingerprint`` (:func:`mlx_backend.static_file.tokenizer_fingerprint`): the
+    tokenizer in use; a cache file that records another one is refused.
     :attr:`tokens` is a read-only int32 view of the sequence.
     """
 
-    def __init__(self, c_st=None, c_dyn=None, score: str = "exact"):
+    def __init__(self, c_st=None, c_dyn=None, score: str = "exact", *, vocab_size: int | None = None,
+                 fingerprint: bytes | None = None):
         from mlx_backend.api import as_sorted, as_table
+        from mlx_backend.static_file import check_tokenizer
 
         if score not in SCORES:
             raise ValueError(f"score must be one of {SCORES}, got {score!r}")
@@ -41,7 +46,12 @@ class NgramDrafter:
         self._int32 = score == "int32"
         self.c_st = None if c_st is None else as_sorted(c_st)
         self._st = as_sorted(self.c_st).static_arrays()
-        self.c_dyn = None if c_dyn is None else as_table(c_dyn)
+        dyn = c_dyn if c_dyn is None or isinstance(c_dyn, HashTable) else as_sorted(c_dyn)
+        for cache, given in ((self.c_st, c_st), (dyn, c_dyn)):  # refuse caches of another tokenizer
+            if cache is not None and not isinstance(cache, HashTable):
+                where = given if isinstance(given, (str, os.PathLike)) else "<cache>"
+                check_tokenizer(cache, where, vocab_size, fingerprint)
+        self.c_dyn = None if dyn is None else as_table(dyn)
         self._ctx = HashTable()
         self._buf = np.zeros(1024, np.int32)
         self._n = 0  # len(tokens)

@@ -179,3 +179,19 @@ def test_max_tokens_and_bad_arguments():
         next(ngram_speculative_generate_step(mx.array([], mx.uint32), model))
     with pytest.raises(ValueError, match="draft_max"):
         next(ngram_speculative_generate_step(mx.array([1]), model, draft_max=-1))
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5", "llama"])
+def test_logits_processors_see_the_same_history_as_mlx_lm(arch):
+    """A repetition penalty (depends on all earlier tokens) gives mlx-lm's tokens with drafts too."""
+    from mlx_lm.sample_utils import make_logits_processors
+    model = model_of(arch)
+    prompt = [2, 3, 4, 2, 3, 4, 2, 3]
+    procs = make_logits_processors(repetition_penalty=1.5, repetition_context_size=6)
+    out = list(generate_step(mx.array(prompt), model, max_tokens=20, sampler=argmax_sampler,
+                             logits_processors=procs))
+    plain, plain_lp = [int(t) for t, _ in out], [lp for _, lp in out]
+    spec = [t for t, _, _ in ngram_speculative_generate_step(
+        mx.array(prompt), model, max_tokens=20, logits_processors=procs, draft_max=4,
+        drafter=ScriptedDrafter(plain, [(4, None), (3, 1), (0, None)]))]
+    assert assert_greedy_equal(plain, plain_lp, spec) is None

@@ -65,3 +65,18 @@ def test_default_drafter_reads_cache_files(tmp_path):
     drafter = default_drafter(c_st=str(path))
     drafter.reset([10, 11])
     assert drafter.draft(1) == [12]
+
+
+def test_default_backend_learns_the_same_rows(tmp_path):
+    """With the default n-gram backend (array-based if present), the saved cache has the same rows."""
+    path = tmp_path / "dyn.bin"
+    model = tiny_model("llama", seed=3)
+    prompt = [1, 2, 3, 1, 2, 3]
+    c_dyn = load_dynamic(path)
+    drafter = default_drafter(c_dyn=c_dyn)
+    out = [t for t, _, _ in ngram_speculative_generate_step(mx.array(prompt), model, max_tokens=6,
+                                                            draft_max=2, drafter=drafter)]
+    save_dynamic(path, c_dyn, drafter.c_ctx)
+    ctx = api.NgramCache()
+    ctx.update(prompt + out, len(prompt + out))
+    assert api.cache_entries(api.load_cache(path)) == api.cache_entries(ctx)

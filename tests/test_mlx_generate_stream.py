@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 
-import mlx.core as mx
 import mlx_lm
 import pytest
 from mlx_lm.generate import GenerationResponse

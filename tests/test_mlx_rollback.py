@@ -4,7 +4,6 @@ with an error naming the cache and the option that avoids it."""
 from __future__ import annotations
 
 import mlx.core as mx
-import mlx.nn as nn
 import pytest
 from hypothesis import given, settings, strategies as st
 from mlx.utils import tree_flatten

@@ -206,3 +206,20 @@ def test_merge_keeps_or_refuses_tokenizer_records():
     b.vocab_size = 11
     with pytest.raises(ValueError, match="different tokenizers"):
         api.merge_caches([a, b])
+
+
+def test_drafter_refuses_cache_of_another_tokenizer(tmp_path):
+    vocab = {"a": 0, "b": 1, "c": 2, "d": 3, "e": 4}
+    size, fp = sf.tokenizer_fingerprint(vocab)
+    assert size == 5
+    c = api.build_static([1, 2, 3, 1, 2, 4])
+    c.vocab_size, c.fingerprint = size, fp
+    api.save_cache(c, tmp_path / "c.ngc", format="ours")
+    d = api.NgramDrafter(c_st=str(tmp_path / "c.ngc"), vocab_size=size, fingerprint=fp)
+    d.reset([1, 2])
+    assert d.draft(1) == [3]
+    other = sf.tokenizer_fingerprint({"z": 0, "b": 1, "c": 2, "d": 3, "e": 4})
+    with pytest.raises(sf.CacheFormatError, match="another tokenizer"):
+        api.NgramDrafter(c_st=str(tmp_path / "c.ngc"), vocab_size=other[0], fingerprint=other[1])
+    with pytest.raises(sf.CacheFormatError, match="vocabulary of 5"):
+        api.NgramDrafter(c_dyn=str(tmp_path / "c.ngc"), vocab_size=6)

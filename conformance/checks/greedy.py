@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from conformance import models
 from conformance.registry import check
-from conformance.runner import note
+from conformance.runner import Skip, note
 from conformance.strategies import schedules
 
 NEAR_TIE = 1e-3  # largest top-2 logit gap (float32 logits) at which a divergence is a float near-tie
@@ -25,7 +25,8 @@ def generate(impl, model, prompt, max_tokens, drafter=None, draft_max=4, eos=())
 
 
 def assert_same_tokens(impl, model, prompt, plain, spec, what) -> None:
-    """``spec == plain``, or the first difference is a proven near-tie (noted in the report)."""
+    """``spec == plain``, or the first difference is a proven near-tie of ``impl``'s logits after
+    ``prompt + plain[:i]`` (noted in the report)."""
     if spec == plain:
         return
     i = next((i for i, (a, b) in enumerate(zip(plain, spec)) if a != b), min(len(plain), len(spec)))
@@ -36,9 +37,9 @@ def assert_same_tokens(impl, model, prompt, plain, spec, what) -> None:
         if gap < NEAR_TIE:
             note(f"{what}: outputs part at token {i} where the top-2 logit gap is {gap:.2e} < {NEAR_TIE} (near-tie)")
             return
-        raise AssertionError(f"{what}: token {i} differs: plain greedy {plain[i]}, speculative {spec[i]} "
-                             f"(top-2 logit gap {gap:.3g}, not a near-tie). plain {plain}, speculative {spec}")
-    raise AssertionError(f"{what}: plain greedy gave {plain}, speculative gave {spec}")
+        raise AssertionError(f"{what}: token {i} differs: expected {plain[i]}, got {spec[i]} "
+                             f"(top-2 logit gap {gap:.3g}, not a near-tie). Expected {plain}, got {spec}")
+    raise AssertionError(f"{what}: expected {plain}, got {spec}")
 
 
 @check("greedy", needs=GENERATE + ("NgramDrafter",),
@@ -87,3 +88,22 @@ def forced_right_wrong_and_empty_drafts(impl, model, prompt, max_tokens, schedul
     if flags is not None and spec == plain:
         want = expected_flags(truth, drafter.offered, eos)
         assert flags == want, f"{what}: from_draft flags {flags}, expected {want} (right drafts must be accepted)"
+
+
+@check("greedy", needs=GENERATE,
+       given=dict(model=models.models, prompt=models.prompts(), max_tokens=st.integers(1, 12)), examples=15)
+def greedy_equals_the_reference(impl, model, prompt, max_tokens):
+    """Greedy output equals the NumPy reference's for the same weights (float32), up to proven near-ties."""
+    import conformance.adapters.reference as reference
+    from reference.speculative import greedy_generate
+
+    if impl is reference:
+        raise Skip("the backend is the reference itself")
+    ref_model = models.load(reference, *model)
+    want = greedy_generate(ref_model, prompt, max_tokens)
+    m = models.load(impl, *model)
+    drafter = impl.NgramDrafter() if getattr(impl, "NgramDrafter", None) is not None else None
+    got, _ = generate(impl, m, prompt, max_tokens, drafter=drafter)
+    assert_same_tokens(reference, ref_model, prompt, want, got,
+                       f"tiny {model[0]} (seed {model[1]}), prompt {prompt}, max_tokens {max_tokens}: "
+                       f"reference vs {'speculative' if drafter else 'plain'} greedy of the backend")

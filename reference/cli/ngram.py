@@ -41,6 +41,7 @@ def register(subparsers) -> None:
     p.add_argument("--no-special", action="store_true",
                    help="with --tokenizer: do not add special tokens such as BOS (llama.cpp adds them)")
     p.add_argument("--tokens-out", metavar="FILE", help="also write the tokens of INPUT to FILE (.i32 or .npy)")
+    add_format_arg(p)
     add_backend_arg(p)
     p.set_defaults(func=cmd_create)
 
@@ -66,6 +67,7 @@ def register(subparsers) -> None:
                    help="save the dynamic cache after the replay (the --dynamic one plus every replayed chunk)")
     p.add_argument("--json", action="store_true", help="print a JSON summary instead of lookup-stats' lines")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (it shows only on a terminal)")
+    add_format_arg(p)
     add_backend_arg(p)
     p.set_defaults(func=cmd_stats)
 
@@ -76,6 +78,7 @@ def register(subparsers) -> None:
                     "example: ngram-spec merge a.bin b.bin -o merged.bin")
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="cache files")
     p.add_argument("-o", "--output", required=True, metavar="OUTPUT", help="cache file to write")
+    add_format_arg(p)
     add_backend_arg(p)
     p.set_defaults(func=cmd_merge)
 
@@ -89,6 +92,12 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
     add_backend_arg(p)
     p.set_defaults(func=cmd_inspect)
+
+
+def add_format_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--format", choices=("llama", "ours"), default="llama",
+                   help="format of the cache file written: llama (llama.cpp's, default) or ours (memory-mapped, "
+                        "docs/cache-format.md; needs --backend mlx). Either format is read.")
 
 
 def add_backend_arg(p: argparse.ArgumentParser) -> None:
@@ -142,7 +151,21 @@ def read_input_tokens(backend, path: str):
 def load_cache_file(backend, path: str, what: str = ""):
     if not Path(path).is_file():
         raise UserError(f"{what} cache file {path}: no such file".lstrip())
+    if not hasattr(backend, "detect_format"):
+        with open(path, "rb") as f:
+            if f.read(8) == b"NGRAMSPC":
+                raise UserError(f"{path} is in ngram-spec's memory-mapped format (docs/cache-format.md): read it "
+                                f"with --backend mlx, or convert it: ngram-spec convert {path} -o OUT --to llama")
     return backend.load_cache(path)
+
+
+def save_cache_file(backend, cache, path: str, fmt: str) -> None:
+    if fmt == "llama":
+        backend.save_cache(cache, path)
+    elif hasattr(backend, "detect_format"):  # the mlx backend writes both formats
+        backend.save_cache(cache, path, format=fmt)
+    else:
+        raise UserError(f"--format {fmt} needs --backend mlx")
 
 
 def cache_rows(backend, cache) -> list[tuple[int, ...]]:
@@ -177,9 +200,8 @@ def cmd_create(args) -> int:
         write_tokens(args.tokens_out, tokens)
     t0 = time.perf_counter()
     cache = backend.build_static(tokens)
-    backend.save_cache(cache, args.output)
-    rows = cache_rows(backend, cache)
-    print(f"{args.output}: {len({r[1:5] for r in rows})} 2-grams, {len(rows)} entries from {len(tokens)} tokens "
+    save_cache_file(backend, cache, args.output, args.format)
+    print(f"{args.output}: {len(cache)} 2-grams, {cache.n_entries()} entries from {len(tokens)} tokens "
           f"({time.perf_counter() - t0:.2f} s)", file=sys.stderr)
     return 0
 
@@ -215,7 +237,7 @@ def cmd_stats(args) -> int:
         if dump is not None:
             dump.close()
     if args.save_dynamic:
-        backend.save_cache(stats.c_dyn, args.save_dynamic)
+        save_cache_file(backend, stats.c_dyn, args.save_dynamic, args.format)
 
     N = len(tokens)
     summary = {
@@ -246,9 +268,8 @@ def cmd_merge(args) -> int:
     backend = get_backend(args.backend)
     caches = [load_cache_file(backend, path, "input") for path in args.inputs]
     merged = backend.merge_caches(caches)
-    backend.save_cache(merged, args.output)
-    rows = cache_rows(backend, merged)
-    print(f"{args.output}: {len(rows)} entries, total count {sum(r[6] for r in rows)} "
+    save_cache_file(backend, merged, args.output, args.format)
+    print(f"{args.output}: {merged.n_entries()} entries, total count {merged.total()} "
           f"from {len(args.inputs)} file(s)", file=sys.stderr)
     return 0
 
@@ -284,7 +305,9 @@ def cmd_inspect(args) -> int:
         raise UserError(f"--top must be >= 0, got {args.top}")
     backend = get_backend(args.backend)
     cache = load_cache_file(backend, args.file)
-    info = {"file": args.file, **describe(cache_rows(backend, cache), args.top)}
+    summary = (backend.describe_cache(cache, args.top) if hasattr(backend, "describe_cache")
+               else describe(cache_rows(backend, cache), args.top))
+    info = {"file": args.file, **summary}
     if args.json:
         print(json.dumps(info, indent=1))
         return 0
