@@ -68,11 +68,10 @@ def tiny_model(arch: str, *, vocab_size: int = 64, seed: int = 0, dtype=mx.float
 
 
 def _output_layer(model: nn.Module) -> nn.Module:
-    """The module whose weight produces the logits (lm_head, or the tied embedding)."""
-    for name, module in tree_flatten(model.leaf_modules(), is_leaf=lambda m: isinstance(m, nn.Module)):
-        if name.endswith("lm_head"):
-            return module
-    for name, module in tree_flatten(model.leaf_modules(), is_leaf=lambda m: isinstance(m, nn.Module)):
-        if name.endswith("embed_tokens"):
-            return module
+    """The module whose weight produces the logits: ``lm_head``, else the tied ``embed_tokens``."""
+    modules = dict(tree_flatten(model.leaf_modules(), is_leaf=lambda m: isinstance(m, nn.Module)))
+    for suffix in ("lm_head", "embed_tokens"):
+        for name, module in modules.items():
+            if name.endswith(suffix):
+                return module
     raise ValueError("model has neither lm_head nor embed_tokens")
