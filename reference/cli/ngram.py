@@ -101,8 +101,9 @@ def add_format_arg(p: argparse.ArgumentParser) -> None:
 
 
 def add_backend_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", choices=sorted(BACKENDS), default=None,
-                   help="implementation to use (default: $NGRAM_SPEC_BACKEND or reference)")
+    p.add_argument("--backend", default=None, metavar="NAME",
+                   help=f"implementation to use: {' or '.join(sorted(BACKENDS))} (or module.path:object "
+                        "exporting the same API; default: $NGRAM_SPEC_BACKEND or reference)")
 
 
 # --- helpers -------------------------------------------------------------------------------------
