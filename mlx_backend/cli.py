@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import mlx.core as mx  # without mlx, reference.cli registers `demo` as "needs mlx: pip install ..."
+
 OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
 _REEXEC_MARK = "NGRAM_SPEC_BLAS_SET"
 # A divergence between plain and speculative greedy output is only acceptable at a near-tie: the
@@ -136,7 +138,6 @@ DEMO_PROMPTS = (
 def _generate(model, prompt: list[int], max_tokens: int, eos: set[int], *, spec: bool, draft_max, drafter,
               stats, desc: str):
     """Greedy tokens (EOS included), seconds, and the plain run's logprobs; progress on stderr."""
-    import mlx.core as mx
     from mlx_lm.generate import generate_step
     from mlx_lm.sample_utils import make_sampler
     from tqdm import tqdm
@@ -171,8 +172,6 @@ def _divergence(plain: list[int], spec: list[int], plain_logprobs) -> dict | Non
     i = next((i for i, (a, b) in enumerate(zip(plain, spec)) if a != b), min(len(plain), len(spec)))
     gap = None
     if i < len(plain_logprobs):
-        import mlx.core as mx
-
         top2 = mx.sort(plain_logprobs[i].reshape(-1))[-2:].tolist()
         gap = top2[1] - top2[0]
     return {"index": i, "top2_gap": gap, "near_tie": gap is not None and gap < NEAR_TIE}
@@ -267,7 +266,6 @@ def run_demo(args) -> int:
 
 def run_generate(args) -> int:
     """``ngram-spec generate --backend mlx`` (the parser is reference/cli/model.py's)."""
-    import mlx.core as mx
     from mlx_lm.generate import stream_generate as plain_stream_generate
     from mlx_lm.sample_utils import make_sampler
 

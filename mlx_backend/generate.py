@@ -18,9 +18,10 @@ from mlx_lm.generate import GenerationResponse, generation_stream
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from mlx_backend.draft_policy import DEFAULT_K_MAX, DraftPolicy, measure_verify_cost
+from mlx_backend.draft_policy import (DEFAULT_K_MAX, DraftPolicy, FixedDraftLength, measure_plain_cost,
+                                      measure_verify_cost)
 from mlx_backend.rollback import VerifyCache
-from mlx_backend.sampling import verify_drafts
+from mlx_backend.sampling import greedy, verify_drafts
 
 
 @dataclass
@@ -30,7 +31,9 @@ class SpecStats:
     ``steps`` decode forwards (each verifies 0..k drafts) produced ``n_tokens`` tokens;
     ``n_forward`` also counts prefill chunks. ``n_drafted`` draft tokens were verified and
     ``n_accept`` of them accepted. ``draft_lengths`` counts the chosen k per step; ``policy`` is
-    the cost-aware policy's summary (auto draft length only). Times are seconds.
+    the cost-aware policy's summary (auto draft length only). ``plain_steps`` of the steps ran
+    pipelined in plain mode, entered ``enter_plain`` times and left ``leave_plain`` times for a
+    verify step (not counting the end of the run). Times are seconds.
     """
 
     steps: int = 0
@@ -40,6 +43,9 @@ class SpecStats:
     n_accept: int = 0
     n_proposed: int = 0
     draft_lengths: dict[int, int] = field(default_factory=dict)
+    plain_steps: int = 0
+    enter_plain: int = 0
+    leave_plain: int = 0
     policy: Optional[dict] = None
     t_draft: float = 0.0
     t_rollback: float = 0.0
@@ -111,12 +117,50 @@ def ngram_speculative_generate_step(
     verifier = VerifyCache(model, cache, gdn_path) if draft_max != 0 else None
     if drafter is None and draft_max != 0:
         drafter = default_drafter(c_st, c_dyn)
-    policy = None
     if draft_max is None:
-        policy = draft_policy or DraftPolicy(measure_verify_cost(model, DEFAULT_K_MAX + 1, gdn_path=gdn_path))
+        policy = draft_policy or DraftPolicy(measure_verify_cost(model, DEFAULT_K_MAX + 1, gdn_path=gdn_path),
+                                             plain_cost=measure_plain_cost(model))
+    else:
+        policy = FixedDraftLength(draft_max)
+    stats.policy = policy.summary()
+    history = list(prompt_ids)     # every token so far; the last one is the next step's input
+
+    def room(n_done: int) -> int:
+        """How many drafts a verify step may hold once ``n_done`` tokens have been emitted."""
+        return policy.k_max if max_tokens < 0 else min(policy.k_max, max_tokens - n_done - 1)
+
+    def propose(n: int) -> list[int]:
+        t0 = time.perf_counter()
+        proposal = [int(t) for t in drafter.draft(n)[:n]] if drafter is not None and n > 0 else []
+        stats.t_draft += time.perf_counter() - t0
+        return proposal
+
+    def learn(proposal: list[int], emitted: list[int]) -> None:
+        t0 = time.perf_counter()
+        policy.observe(proposal, emitted)
+        if drafter is not None:
+            drafter.extend(emitted)
+        history.extend(emitted)
+        stats.t_draft += time.perf_counter() - t0
+        stats.steps += 1
+        stats.n_forward += 1
+        stats.n_proposed += len(proposal)
+        stats.n_tokens += len(emitted)
         stats.policy = policy.summary()
-    k_max = draft_max if draft_max is not None else policy.k_max
-    history = list(prompt_ids) if logits_processors else None
+
+    def plain_step(y: mx.array, seen: list[int]) -> tuple[mx.array, mx.array]:
+        """Launch one plain step on ``y`` ([1], possibly not computed yet) that follows ``seen``,
+        like ``mlx_lm.generate.generate_step``: the next token and its log-probabilities, lazy."""
+        logits = model(y.reshape(1, 1), cache=cache)[:, -1, :]
+        if logits_processors:
+            tokens = mx.concatenate([mx.array(seen, mx.uint32), y.astype(mx.uint32)])
+            for processor in logits_processors:
+                logits = processor(tokens, logits)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        token = (sampler or greedy)(logprobs)
+        mx.async_eval(token, logprobs)
+        return token, logprobs.squeeze(0)
+
     t_start = time.perf_counter()
     try:
         with mx.stream(generation_stream):
@@ -127,48 +171,49 @@ def ngram_speculative_generate_step(
                 stats.n_forward += 1
             if drafter is not None:
                 drafter.reset(prompt_ids)
-            y, n_out = prompt_ids[-1], 0
+            n_out = 0
             while max_tokens < 0 or n_out < max_tokens:
-                room = k_max if max_tokens < 0 else min(k_max, max_tokens - n_out - 1)
-                t0 = time.perf_counter()
-                proposal = drafter.draft(room) if drafter is not None and room > 0 else []
-                proposal = [int(t) for t in proposal[:room]]
-                k = policy.choose(len(proposal)) if policy is not None else len(proposal)
-                drafts = proposal[:k]
-                stats.t_draft += time.perf_counter() - t0
-
-                if verifier is not None:
-                    logits = verifier.forward([y] + drafts)
-                else:
-                    logits = model(mx.array([[y]], mx.uint32), cache=cache)[0]
-                emitted, logprobs, n_accept = verify_drafts(logits, drafts, sampler,
-                                                            logits_processors, history)
-                t0 = time.perf_counter()
-                if verifier is not None:
-                    verifier.keep(1 + n_accept)
-                stats.t_rollback += time.perf_counter() - t0
-
-                stats.steps += 1
-                stats.n_forward += 1
-                stats.n_proposed += len(proposal)
-                stats.n_drafted += k
-                stats.n_accept += n_accept
-                stats.n_tokens += len(emitted)
+                # the cache holds every token before history[-1]
+                proposal = propose(room(n_out))
+                k = policy.choose(len(proposal))
                 stats.draft_lengths[k] = stats.draft_lengths.get(k, 0) + 1
-                t0 = time.perf_counter()
-                if policy is not None:
-                    policy.observe(proposal, emitted)
-                    stats.policy = policy.summary()
-                if drafter is not None:
-                    drafter.extend(emitted)
-                stats.t_draft += time.perf_counter() - t0
-                if history is not None:
-                    history.extend(emitted)
-                stats.t_total = time.perf_counter() - t_start
-                for i, (token, lp) in enumerate(zip(emitted, logprobs)):
+                if k > 0:     # a verify step: [last, d1..dk] in one forward, then cut back
+                    drafts = proposal[:k]
+                    logits = verifier.forward(history[-1:] + drafts)
+                    emitted, logprobs, n_accept = verify_drafts(logits, drafts, sampler,
+                                                                logits_processors, history)
+                    t0 = time.perf_counter()
+                    verifier.keep(1 + n_accept)
+                    stats.t_rollback += time.perf_counter() - t0
+                    stats.n_drafted += k
+                    stats.n_accept += n_accept
+                    learn(proposal, emitted)
+                    stats.t_total = time.perf_counter() - t_start
+                    for i, (token, lp) in enumerate(zip(emitted, logprobs)):
+                        n_out += 1
+                        yield token, lp, i < n_accept
+                    continue
+                # plain mode: one-token steps, each launched before the previous token is read
+                stats.enter_plain += 1
+                token, logprobs = plain_step(mx.array(history[-1:], mx.uint32), history[:-1])
+                while True:
+                    # `token` (the n_out + 1-th) is in flight; proposal[0] is the drafter's guess of it
+                    at_end = 0 <= max_tokens <= n_out + 1
+                    leave = at_end or policy.leave_plain(len(proposal))
+                    if not leave:
+                        next_token, next_logprobs = plain_step(token, history)
+                        stats.draft_lengths[0] += 1
+                    t = token.item()
+                    stats.plain_steps += 1
+                    learn(proposal, [t])
+                    stats.t_total = time.perf_counter() - t_start
                     n_out += 1
-                    yield token, lp, i < n_accept
-                y = emitted[-1]
+                    yield t, logprobs, False
+                    if leave:
+                        stats.leave_plain += not at_end
+                        break
+                    token, logprobs = next_token, next_logprobs
+                    proposal = propose(1 + room(n_out + 1))
     finally:
         stats.t_total = time.perf_counter() - t_start
         if verifier is not None:

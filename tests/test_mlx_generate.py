@@ -108,7 +108,9 @@ def test_scripted_drafts_equal_plain_greedy(arch, prompt, script, max_tokens, gd
     tie = assert_greedy_equal(plain, plain_lp, spec)
     # the counters agree with what was yielded, and from_draft marks exactly the accepted drafts
     assert stats.n_tokens == len(spec) and sum(f for _, _, f in out) == stats.n_accept
-    assert stats.n_accept <= stats.n_drafted == sum(len(d) for d in drafter.calls)
+    # every proposal (verified or a shadow one in plain mode) is counted, each step once
+    assert stats.n_accept <= stats.n_drafted <= stats.n_proposed == sum(len(d) for d in drafter.calls)
+    assert sum(stats.draft_lengths.values()) == stats.steps >= stats.plain_steps
     if tie is None:   # logprobs rows are the plain ones (same prefix, same model)
         for (_, lp, _), ref in zip(out, plain_lp):
             assert mx.allclose(lp, ref, atol=1e-4).item()
