@@ -12,14 +12,19 @@ rate ``E(n) / c(n + 1)``; ``n = 0`` (a plain step) whenever no draft length beat
 
 ``n = 0`` means plain decoding, which the generator pipelines like mlx-lm's ``generate_step``
 (the next one-token step is built while the current one runs), so it is valued at the measured
-pipelined cost ``c_p`` (:func:`measure_plain_cost`) rather than ``c(1)``. While pipelined, the
+pipelined cost ``c_p`` (``c(1)`` times :func:`measure_pipelining`) rather than ``c(1)``. While pipelined, the
 token in flight is not known yet, so a proposal ``P`` made before it guesses that token with
 ``P[0]``; leaving plain mode to verify ``P[1..n]`` next yields on average (``P[0]`` right with
 probability ``a_1``)
 
-    E(n + 1) - a_1 = 1 + sum_{j=2..n+1} prod_{i<=j} a_i      tokens per forward of cost c(n + 1),
+    E(n + 1) - a_1 = 1 + sum_{j=2..n+1} prod_{i<=j} a_i      tokens, in time c(n + 1),
 
-and the generator leaves when that beats ``1 / c_p`` for some n (:meth:`DraftPolicy.leave_plain`).
+and costs the pipeline: the first plain step after it is built while the device waits, ``c(1)``
+instead of ``c_p``. The generator leaves plain mode (:meth:`DraftPolicy.leave_plain`) when for some n
+
+    E(n + 1) - a_1 > (c(n + 1) + c(1) - c_p) / c_p,
+
+the tokens plain mode would have produced in that time.
 
 ``a_i`` is an exponentially weighted moving average (weight ``alpha``) updated from *every*
 proposal of the drafter, verified or not: a proposal made before position t is compared with
@@ -91,9 +96,10 @@ class DraftPolicy:
     def leave_plain(self, n_available: int) -> bool:
         """Whether to stop pipelining, given a proposal of ``n_available`` tokens whose first one
         guesses the token in flight: some ``n <= n_available - 1`` has
-        ``(E(n + 1) - a_1) / c(n + 1) > 1 / c_p``. Staying counts as a plain step."""
+        ``E(n + 1) - a_1 > (c(n + 1) + c(1) - c_p) / c_p``. Staying counts as a plain step."""
+        restart = max(self.costs[0] - self.plain_cost, 0.0)   # the pipeline's lost overlap
         limit = min(n_available - 1, self.k_max - 1)
-        leave = any((self.expected_tokens(n + 1) - self.accept[0]) / self.costs[n] > 1 / self.plain_cost
+        leave = any(self.expected_tokens(n + 1) - self.accept[0] > (self.costs[n] + restart) / self.plain_cost
                     for n in range(1, limit + 1))
         if not leave:
             self.decisions[0] = self.decisions.get(0, 0) + 1
@@ -199,11 +205,12 @@ def measure_verify_cost(model: nn.Module, s_max: int = DEFAULT_K_MAX + 1, *, rep
     return _remembered(model_key(model, s_max), cache_file, measure)
 
 
-def measure_plain_cost(model: nn.Module, *, steps: int = 8, reps: int = 3, context: int = 32,
+def measure_pipelining(model: nn.Module, *, steps: int = 8, reps: int = 3, context: int = 32,
                        cache_file: str | os.PathLike | None = None) -> float:
-    """Seconds per token of plain greedy decoding pipelined as in mlx-lm's ``generate_step``
-    (step t+1 is built and launched before token t is read), fastest of ``reps`` runs of
-    ``steps`` tokens; measured once per :func:`model_key` (see :func:`_remembered`)."""
+    """``c_p / c(1)``: the time per token of plain greedy decoding pipelined as in mlx-lm's
+    ``generate_step`` (step t+1 is built and launched before token t is read) over the time per
+    token when each step is waited for. Both are runs of ``steps`` tokens, interleaved, fastest of
+    ``reps`` each (so machine load biases neither); measured once per :func:`model_key`."""
 
     def measure():
         cache = _warm_cache(model, context)
@@ -213,20 +220,29 @@ def measure_plain_cost(model: nn.Module, *, steps: int = 8, reps: int = 3, conte
             mx.async_eval(token)
             return token
 
-        times = []
-        for r in range(reps + 1):              # round 0 warms up
+        def run(pipelined: bool) -> float:
             t0 = time.perf_counter()
             y = step(mx.array([1], mx.uint32))
             for _ in range(steps - 1):
-                y_next = step(y)
-                y.item()
-                y = y_next
+                if pipelined:
+                    y_next = step(y)
+                    y.item()
+                    y = y_next
+                else:
+                    y.item()
+                    y = step(y)
             y.item()
-            if r:
-                times.append((time.perf_counter() - t0) / steps)
-        return min(times)
+            return time.perf_counter() - t0
 
-    return _remembered(model_key(model, "plain"), cache_file, measure)
+        times = {True: [], False: []}
+        for r in range(reps + 1):              # round 0 warms up
+            for pipelined in times:
+                t = run(pipelined)
+                if r:
+                    times[pipelined].append(t)
+        return min(times[True]) / min(times[False])
+
+    return _remembered(model_key(model, "pipelining"), cache_file, measure)
 
 
 def _read_json(path) -> dict:

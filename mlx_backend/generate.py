@@ -18,7 +18,7 @@ from mlx_lm.generate import GenerationResponse, generation_stream
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from mlx_backend.draft_policy import (DEFAULT_K_MAX, DraftPolicy, FixedDraftLength, measure_plain_cost,
+from mlx_backend.draft_policy import (DEFAULT_K_MAX, DraftPolicy, FixedDraftLength, measure_pipelining,
                                       measure_verify_cost)
 from mlx_backend.rollback import VerifyCache
 from mlx_backend.sampling import greedy, verify_drafts
@@ -117,11 +117,13 @@ def ngram_speculative_generate_step(
     verifier = VerifyCache(model, cache, gdn_path) if draft_max != 0 else None
     if drafter is None and draft_max != 0:
         drafter = default_drafter(c_st, c_dyn)
-    if draft_max is None:
-        policy = draft_policy or DraftPolicy(measure_verify_cost(model, DEFAULT_K_MAX + 1, gdn_path=gdn_path),
-                                             plain_cost=measure_plain_cost(model))
-    else:
+    if draft_max is not None:
         policy = FixedDraftLength(draft_max)
+    elif draft_policy is not None:
+        policy = draft_policy
+    else:
+        costs = measure_verify_cost(model, DEFAULT_K_MAX + 1, gdn_path=gdn_path)
+        policy = DraftPolicy(costs, plain_cost=costs[0] * measure_pipelining(model))
     stats.policy = policy.summary()
     history = list(prompt_ids)     # every token so far; the last one is the next step's input
 

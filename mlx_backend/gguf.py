@@ -88,7 +88,8 @@ def read_gguf(path: str | Path) -> tuple[dict[str, mx.array], dict]:
         ) from exc
 
 
-def _scalar(metadata: dict, key: str, default=_REQUIRED):
+def metadata_value(metadata: dict, key: str, default=_REQUIRED):
+    """``metadata[key]`` as a Python value (mlx returns GGUF scalars as 0-d arrays); required without ``default``."""
     value = metadata.get(key, default)
     if isinstance(value, mx.array):
         value = value.item()
@@ -107,26 +108,26 @@ def model_args(metadata: dict, tensors: dict[str, mx.array]) -> llama.ModelArgs:
             "to --model (convert with: mlx_lm.convert --hf-path ...)"
         )
     p = f"{arch}."
-    n_head = _scalar(metadata, p + "attention.head_count")
-    hidden = _scalar(metadata, p + "embedding_length")
+    n_head = metadata_value(metadata, p + "attention.head_count")
+    hidden = metadata_value(metadata, p + "embedding_length")
     rope_scaling = None
     scaling_type = metadata.get(p + "rope.scaling.type", "none")
     if scaling_type == "linear":
-        rope_scaling = {"type": "linear", "factor": _scalar(metadata, p + "rope.scaling.factor")}
+        rope_scaling = {"type": "linear", "factor": metadata_value(metadata, p + "rope.scaling.factor")}
     elif scaling_type != "none":
         raise GGUFError(f"unsupported rope scaling {scaling_type!r} (only none and linear are mapped)")
     return llama.ModelArgs(
         model_type="llama",
         hidden_size=hidden,
-        num_hidden_layers=_scalar(metadata, p + "block_count"),
-        intermediate_size=_scalar(metadata, p + "feed_forward_length"),
+        num_hidden_layers=metadata_value(metadata, p + "block_count"),
+        intermediate_size=metadata_value(metadata, p + "feed_forward_length"),
         num_attention_heads=n_head,
-        num_key_value_heads=_scalar(metadata, p + "attention.head_count_kv", n_head),
-        head_dim=_scalar(metadata, p + "attention.key_length", hidden // n_head),
-        rms_norm_eps=_scalar(metadata, p + "attention.layer_norm_rms_epsilon"),
+        num_key_value_heads=metadata_value(metadata, p + "attention.head_count_kv", n_head),
+        head_dim=metadata_value(metadata, p + "attention.key_length", hidden // n_head),
+        rms_norm_eps=metadata_value(metadata, p + "attention.layer_norm_rms_epsilon"),
         vocab_size=int(tensors["token_embd.weight"].shape[0]),
-        rope_theta=_scalar(metadata, p + "rope.freq_base", 10000.0),
-        max_position_embeddings=_scalar(metadata, p + "context_length", None),
+        rope_theta=metadata_value(metadata, p + "rope.freq_base", 10000.0),
+        max_position_embeddings=metadata_value(metadata, p + "context_length", None),
         rope_scaling=rope_scaling,
         tie_word_embeddings="output.weight" not in tensors,
     )

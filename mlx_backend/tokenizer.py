@@ -16,7 +16,7 @@ from transformers import PreTrainedTokenizerFast
 
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
 
-from .gguf import GGUFError, _scalar, default_model_path, read_gguf
+from .gguf import GGUFError, metadata_value, default_model_path, read_gguf
 
 TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_USER_DEFINED = 1, 3, 4
 
@@ -47,7 +47,7 @@ def _byte_level_bpe(metadata: dict) -> Tokenizer:
     tokens = metadata["tokenizer.ggml.tokens"]
     merges = [tuple(m.split(" ", 1)) for m in metadata["tokenizer.ggml.merges"]]
     # SmolLM2's vocabulary lacks 21 of the 256 byte tokens (e.g. 0x04, 0xF1): such bytes become unk
-    unk_id = _scalar(metadata, "tokenizer.ggml.unknown_token_id", None)
+    unk_id = metadata_value(metadata, "tokenizer.ggml.unknown_token_id", None)
     unk = tokens[unk_id] if unk_id is not None else None
     tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, unk_token=unk))
     tok.pre_tokenizer = _PRE_TOKENIZERS[pre]()
@@ -57,8 +57,8 @@ def _byte_level_bpe(metadata: dict) -> Tokenizer:
         [AddedToken(tokens[i], special=(t == TOKEN_CONTROL), normalized=False)
          for i, t in enumerate(types) if t in (TOKEN_CONTROL, TOKEN_USER_DEFINED)]
     )
-    if _scalar(metadata, "tokenizer.ggml.add_bos_token", False):
-        bos = tokens[_scalar(metadata, "tokenizer.ggml.bos_token_id")]
+    if metadata_value(metadata, "tokenizer.ggml.add_bos_token", False):
+        bos = tokens[metadata_value(metadata, "tokenizer.ggml.bos_token_id")]
         tok.post_processor = processors.TemplateProcessing(
             single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tokens.index(bos))]
         )
@@ -72,7 +72,7 @@ def hf_tokenizer_from_metadata(metadata: dict) -> PreTrainedTokenizerFast:
     tokens = metadata["tokenizer.ggml.tokens"]
 
     def special(key: str) -> str | None:
-        token_id = _scalar(metadata, f"tokenizer.ggml.{key}_token_id", None)
+        token_id = metadata_value(metadata, f"tokenizer.ggml.{key}_token_id", None)
         return tokens[token_id] if token_id is not None else None
 
     return PreTrainedTokenizerFast(
@@ -89,7 +89,7 @@ def hf_tokenizer_from_metadata(metadata: dict) -> PreTrainedTokenizerFast:
 def tokenizer_from_metadata(metadata: dict) -> TokenizerWrapper:
     """mlx-lm ``TokenizerWrapper`` (byte-level streaming detokenizer) from GGUF metadata."""
     eos_ids = [
-        _scalar(metadata, f"tokenizer.ggml.{key}_token_id")
+        metadata_value(metadata, f"tokenizer.ggml.{key}_token_id")
         for key in ("eos", "eot")
         if f"tokenizer.ggml.{key}_token_id" in metadata
     ]

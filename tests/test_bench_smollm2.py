@@ -6,8 +6,9 @@ setup, timed by hand) and then speculative (the timed function), so both see the
 the share of drafting and rollback in the speculative time, the BLAS and the weight dtype.
 Targets (issue 6): speedup >= 1.6 on input-grounded prompts, >= 0.97 on free writing.
 
-The BLAS is the process's: run once as is (mlx's bundled reference BLAS, weights kept quantized)
-and once with OpenBLAS interposed (float32 weights, the bandwidth-bound configuration)::
+The BLAS is the process's: run once as is (mlx's bundled reference BLAS) and once with OpenBLAS
+interposed (the bandwidth-bound configuration); the weights are float32 on the CPU
+(``mlx_backend.cli.default_dtype``)::
 
     pytest --benchmark-only tests/test_bench_smollm2.py
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 OPENBLAS_NUM_THREADS=1 \\

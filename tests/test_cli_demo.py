@@ -84,7 +84,8 @@ def test_generate_mlx_lm_model_directory(capsys, tmp_path):
     from reference.tiny import write_tiny_model
 
     model_dir = write_tiny_model(tmp_path / "tiny", "llama", seed=0)
-    args = ["--model", str(model_dir), "--prompt", "the cat sat on the mat. the cat sat on the", "--ignore-chat-template"]
+    args = ["--model", str(model_dir), "--prompt", "the cat sat on the mat. the cat sat on the",
+            "--ignore-chat-template"]
     plain = _generate(capsys, *args, "--no-spec")
     spec = _generate(capsys, *args, "--draft-max", "3")
     assert spec["tokens"] == plain["tokens"] and len(plain["tokens"]) > 0

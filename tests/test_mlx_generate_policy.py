@@ -1,5 +1,6 @@
-"""The cost-aware draft-length policy: its choice maximises E(n)/c(n+1), it learns acceptance from
-unverified proposals too, and the verify-cost measurement is made once and can persist."""
+"""The cost-aware draft-length policy: its choice maximises E(n)/c(n+1) (a plain step valued at the
+pipelined cost c_p), it leaves plain mode by the stated rule, it learns acceptance from unverified
+proposals too, and the cost measurements are made once and can persist."""
 from __future__ import annotations
 
 import json
@@ -9,7 +10,7 @@ import mlx.core as mx
 from hypothesis import given, settings, strategies as st
 
 from mlx_backend import draft_policy
-from mlx_backend.draft_policy import DraftPolicy, measure_verify_cost, model_key
+from mlx_backend.draft_policy import DraftPolicy, measure_pipelining, measure_verify_cost, model_key
 from mlx_backend.generate import SpecStats, ngram_speculative_generate_step
 from mlx_backend.tiny_mlx import tiny_model
 
@@ -28,6 +29,36 @@ def test_choice_maximises_expected_rate(costs, accept, n_available):
     best = max(rate(k) for k in range(min(n_available, policy.k_max) + 1))
     assert n <= min(n_available, policy.k_max) and rate(n) == best
     assert all(rate(k) < best for k in range(n))        # ties go to the shorter draft
+
+
+@settings(max_examples=100, deadline=None)
+@given(costs=st.lists(st.floats(0.1, 10), min_size=2, max_size=9), plain=st.floats(0.05, 10),
+       accept=st.lists(st.floats(0, 1), min_size=8, max_size=8), n_available=st.integers(0, 10))
+def test_plain_mode_rule(costs, plain, accept, n_available):
+    """choose: n = 0 is worth 1 / c_p. leave_plain: P[0] guesses the token in flight, so verifying
+    P[1..n] next yields 1 + a1*a2 + a1*a2*a3 + ... tokens, against (c(n+1) + c(1) - c_p) / c_p."""
+    policy = DraftPolicy(costs, plain_cost=plain)
+    policy.accept = accept[:policy.k_max]
+    mono = [max(costs[: i + 1]) for i in range(len(costs))]
+    rate = lambda k: (1 + sum(math.prod(accept[:j]) for j in range(1, k + 1))) / mono[k]  # noqa: E731
+    rates = [1 / plain] + [rate(k) for k in range(1, min(n_available, policy.k_max) + 1)]
+    assert policy.choose(n_available) == rates.index(max(rates))
+
+    def gain(n):   # tokens of the verify step minus the tokens plain mode makes meanwhile
+        tokens = 1 + sum(math.prod(accept[:j]) for j in range(2, n + 2))
+        return tokens - (mono[n] + max(mono[0] - plain, 0)) / plain
+    expected = any(gain(n) > 0 for n in range(1, min(n_available - 1, policy.k_max - 1) + 1))
+    assert policy.leave_plain(n_available) == expected
+    assert policy.decisions.get(0, 0) == (rates.index(max(rates)) == 0) + (not expected)
+
+
+def test_pipelining_gain_keeps_plain_mode():
+    """A draft that barely beats a synced plain step loses to the pipelined one."""
+    assert DraftPolicy([1.0, 1.1], prior=0.15).choose(1) == 1
+    assert DraftPolicy([1.0, 1.1], prior=0.15, plain_cost=0.95).choose(1) == 0
+    assert DraftPolicy([1.0, 1.01, 1.02], prior=0.5).leave_plain(3)
+    assert not DraftPolicy([1.0, 1.01, 1.02], prior=0.5, plain_cost=0.7).leave_plain(3)
+    assert not DraftPolicy([1.0, 1.01, 1.02], prior=1.0).leave_plain(1)   # nothing past the token in flight
 
 
 def test_flat_cost_drafts_nothing_and_cheap_cost_drafts_all():
@@ -55,6 +86,9 @@ def test_measurement_is_cached_in_memory_and_file(tmp_path, monkeypatch):
     assert json.loads(path.read_text())[model_key(model, 4)] == costs  # on disk
     monkeypatch.setattr(draft_policy, "_COSTS", {})
     assert measure_verify_cost(model, 4, cache_file=path) == costs     # read back, not re-measured
+    ratio = measure_pipelining(model, steps=4, reps=1, cache_file=path)
+    assert ratio > 0 and measure_pipelining(model) == ratio
+    assert json.loads(path.read_text())[model_key(model, "pipelining")] == ratio
 
 
 def test_stats_show_the_policy():
