@@ -4,6 +4,7 @@
 without a draft model: drafts come from an n-gram drafter (llama.cpp's lookup: context, dynamic
 and static caches), one forward verifies ``[last, d1..dk]``, and the prompt cache is cut back to
 the accepted prefix exactly (:mod:`mlx_backend.rollback`), hybrid GatedDeltaNet models included.
+Where drafting does not pay, it decodes plainly, pipelined like ``mlx_lm.generate.generate_step``.
 :func:`stream_generate` is ``mlx_lm.stream_generate`` on top of it.
 """
 from __future__ import annotations
@@ -102,8 +103,14 @@ def ngram_speculative_generate_step(
     policy of :mod:`mlx_backend.draft_policy`, up to ``DEFAULT_K_MAX``). ``drafter``: an object
     with ``reset(prompt)``, ``extend(tokens)``, ``draft(n) -> list[int]``; by default
     :func:`default_drafter` over ``c_st`` / ``c_dyn`` (caches or cache file paths).
-    ``prompt_cache`` is updated in place and, whenever a token has been yielded, holds every
-    token before it. ``gdn_path`` forces a rollback path (see :mod:`mlx_backend.rollback`).
+    ``prompt_cache`` is updated in place; once the generator is exhausted it holds every token
+    but the last. ``gdn_path`` forces a rollback path (see :mod:`mlx_backend.rollback`).
+
+    Whenever the policy drafts nothing the generator runs in *plain mode*: one-token steps, each
+    launched on the lazy token of the step before (``mx.async_eval``), as in mlx-lm's
+    ``generate_step``; it leaves plain mode when the policy's ``leave_plain`` says a verify step
+    pays (see :mod:`mlx_backend.draft_policy`). A consumer that stops early in plain mode leaves
+    the last yielded token in the cache too, as with ``generate_step``.
     """
     prompt_ids = [int(t) for t in (prompt.tolist() if isinstance(prompt, mx.array) else prompt)]
     if not prompt_ids:
@@ -212,7 +219,8 @@ def ngram_speculative_generate_step(
                     n_out += 1
                     yield t, logprobs, False
                     if leave:
-                        stats.leave_plain += not at_end
+                        if not at_end:
+                            stats.leave_plain += 1
                         break
                     token, logprobs = next_token, next_logprobs
                     proposal = propose(1 + room(n_out + 1))

@@ -124,7 +124,8 @@ def test_bench_speculative_vs_plain(benchmark, size, drafter_kind, draft_max):
     ``ngram``: the real n-gram drafter (a random model's output is not repetitive: acceptance ~0, so
     this shows the cost of trying); ``oracle-a``: drafts with per-token acceptance ~a. extra_info:
     tokens/s both ways, speedup, measured acceptance, tokens per forward, the chosen draft lengths,
-    and rollback / drafting time per step relative to a step.
+    the pipelined plain mode (steps, entries / exits, c_p / c(1)), and rollback / drafting time per
+    step relative to a step.
     """
     model = model_of(size)
     prompt = ([5, 6, 7, 8, 9, 10, 11, 12] * 6)[:44]
@@ -150,6 +151,8 @@ def test_bench_speculative_vs_plain(benchmark, size, drafter_kind, draft_max):
           speedup=round(statistics.median(p / s for p, s in zip(plain_t, spec_t)), 3), accept=round(stats.accept, 3),
           tokens_per_forward=round(stats.tokens_per_forward, 3),
           draft_lengths=dict(stats.draft_lengths), cost_rel=policy.get("cost_rel"),
+          plain_cost_rel=policy.get("plain_cost_rel"), plain_steps=stats.plain_steps,
+          enter_leave_plain=[stats.enter_plain, stats.leave_plain],
           rollback_per_step_rel=round(stats.t_rollback / stats.steps / step, 4),
           draft_per_step_rel=round(stats.t_draft / stats.steps / step, 4))
 

@@ -34,9 +34,11 @@ def _identical_or_near_tie(record: dict) -> bool:
 
 
 def run_demo(*args) -> list[dict]:
-    """``python -m reference demo ... --json`` in a subprocess, as a user runs it: on Linux it re-runs
-    itself with OpenBLAS interposed when that is installed (docs/benchmarks.md)."""
-    out = subprocess.run([sys.executable, "-m", "reference", "demo", "--json", *args], capture_output=True,
+    """``python -m reference demo ... --json`` in a subprocess, as a user runs it, with mlx's bundled BLAS:
+    the tests neither depend on OpenBLAS nor change OPENBLAS_* settings (the demo's default re-runs
+    itself with OpenBLAS interposed when it is installed, docs/benchmarks.md)."""
+    out = subprocess.run([sys.executable, "-m", "reference", "demo", "--json", "--blas", "bundled", *args],
+                         capture_output=True,
                          text=True, timeout=600, cwd=Path(__file__).parents[1])
     assert out.returncode == 0, out.stderr[-2000:]
     return [json.loads(line) for line in out.stdout.splitlines()]
