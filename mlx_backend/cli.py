@@ -205,7 +205,7 @@ def demo_records(model, tokenizer, prompts=DEMO_PROMPTS, *, max_tokens: int = 96
         records.append({
             "prompt": p.name, "kind": p.kind, "prompt_tokens": len(ids), "tokens": len(plain),
             "plain_tok_s": round(plain_tok_s, 2), "spec_tok_s": round(spec_tok_s, 2),
-            "speedup": round(spec_tok_s / plain_tok_s, 3), "accept": round(stats.accept, 4),
+            "speedup": round(spec_tok_s / plain_tok_s, 3), "accept": round(100 * stats.accept, 2),
             "tokens_per_forward": round(stats.tokens_per_forward, 3), "identical": div is None,
             "divergence": div, "steps": stats.steps, "n_drafted": stats.n_drafted, "n_accept": stats.n_accept,
             "draft_lengths": {str(k): v for k, v in sorted(stats.draft_lengths.items())},
@@ -224,7 +224,7 @@ def format_table(records: list[dict]) -> str:
             f"no: near-tie at token {r['divergence']['index']} (gap {r['divergence']['top2_gap']:.1e})"
             if r["divergence"]["near_tie"] else f"NO (token {r['divergence']['index']})")
         rows.append(f"{r['prompt']:<14}{r['kind']:<16}{r['tokens']:>7}{r['plain_tok_s']:>13.1f}{r['spec_tok_s']:>12.1f}"
-                    f"{r['speedup']:>8.2f}x{r['accept']:>8.0%}{r['tokens_per_forward']:>9.2f}  {same}")
+                    f"{r['speedup']:>8.2f}x{r['accept']:>7.0f}%{r['tokens_per_forward']:>9.2f}  {same}")
     return "\n".join(rows)
 
 
@@ -313,7 +313,7 @@ def run_generate(args) -> int:
         "draft_max": 0 if args.no_spec else ("auto" if args.draft_max is None else args.draft_max),
         "prompt_tokens": len(prompt), "tokens": tokens,
         "text": "".join(text), "n_forward": n_forward, "steps": len(tokens) if args.no_spec else stats.steps,
-        "n_drafted": stats.n_drafted, "n_accept": stats.n_accept, "accept": round(stats.accept, 4),
+        "n_drafted": stats.n_drafted, "n_accept": stats.n_accept, "accept": round(100 * stats.accept, 2),
         "tokens_per_forward": 1.0 if args.no_spec else round(stats.tokens_per_forward, 4),
         "prompt_tps": round(last.prompt_tps, 2) if last else 0.0,
         "generation_tps": round(last.generation_tps, 2) if last else 0.0,
@@ -360,6 +360,6 @@ def register(subparsers) -> None:
                         "openblas: require it; bundled: keep mlx's reference BLAS")
     p.add_argument("--show-text", action="store_true", help="also print each prompt's generated text")
     p.add_argument("--json", action="store_true",
-                   help="one JSON record per prompt: plain_tok_s, spec_tok_s, speedup, accept, tokens_per_forward, "
+                   help="one JSON record per prompt: plain_tok_s, spec_tok_s, speedup, accept (percent), tokens_per_forward, "
                         "identical, divergence, ...")
     p.set_defaults(func=run_demo)
