@@ -75,6 +75,7 @@ class DraftPolicy:
         self.alpha = alpha
         self.accept = [prior] * self.k_max      # a_i, i = 1..k_max
         self.decisions: dict[int, int] = {}     # chosen n per decode step (0: a plain step)
+        self.pipelined = True                   # n = 0 steps run in pipelined plain mode
         self._pending: list[list] = []          # [proposal, tokens matched so far]
 
     def expected_tokens(self, n: int) -> float:
@@ -129,17 +130,19 @@ class DraftPolicy:
 
 
 class FixedDraftLength:
-    """``draft_max=k``: verify up to k proposed tokens whenever the drafter proposes any; while
-    pipelining plain steps, leave as soon as a proposal reaches past the token in flight."""
+    """``draft_max=k``: every step verifies up to k of the drafter's proposal, waiting for each
+    step's tokens (an explicit draft length means verifying every proposal where it is made);
+    ``k = 0`` is plain decoding, pipelined throughout."""
 
     def __init__(self, k_max: int):
         self.k_max = k_max
+        self.pipelined = k_max == 0
 
     def choose(self, n_available: int) -> int:
         return min(n_available, self.k_max)
 
     def leave_plain(self, n_available: int) -> bool:
-        return min(n_available - 1, self.k_max) > 0
+        return False
 
     def observe(self, proposal: list[int], emitted: list[int]) -> None:
         pass

@@ -106,10 +106,11 @@ def ngram_speculative_generate_step(
     ``prompt_cache`` is updated in place; once the generator is exhausted it holds every token
     but the last. ``gdn_path`` forces a rollback path (see :mod:`mlx_backend.rollback`).
 
-    Whenever the policy drafts nothing the generator runs in *plain mode*: one-token steps, each
-    launched on the lazy token of the step before (``mx.async_eval``), as in mlx-lm's
-    ``generate_step``; it leaves plain mode when the policy's ``leave_plain`` says a verify step
-    pays (see :mod:`mlx_backend.draft_policy`). A consumer that stops early in plain mode leaves
+    Whenever the cost-aware policy drafts nothing (and always with ``draft_max=0``) the generator
+    runs in *plain mode*: one-token steps, each launched on the lazy token of the step before
+    (``mx.async_eval``), as in mlx-lm's ``generate_step``; it leaves plain mode when the policy's
+    ``leave_plain`` says a verify step pays (see :mod:`mlx_backend.draft_policy`). A fixed
+    ``draft_max=k > 0`` verifies every proposal where it is made, so its steps are not pipelined. A consumer that stops early in plain mode leaves
     the last yielded token in the cache too, as with ``generate_step``.
     """
     prompt_ids = [int(t) for t in (prompt.tolist() if isinstance(prompt, mx.array) else prompt)]
@@ -186,7 +187,7 @@ def ngram_speculative_generate_step(
                 proposal = propose(room(n_out))
                 k = policy.choose(len(proposal))
                 stats.draft_lengths[k] = stats.draft_lengths.get(k, 0) + 1
-                if k > 0:     # a verify step: [last, d1..dk] in one forward, then cut back
+                if k > 0 or not policy.pipelined:   # [last, d1..dk] in one forward, then cut back
                     drafts = proposal[:k]
                     logits = verifier.forward(history[-1:] + drafts)
                     emitted, logprobs, n_accept = verify_drafts(logits, drafts, sampler,

@@ -111,5 +111,7 @@ def test_bench_smollm2_spec_vs_plain(benchmark, smollm2, kind):
         "tokens_per_forward": round(n("n_tokens") / max(n("steps"), 1), 3),
         "draft_share": round(sum(s.t_draft for s in last) / t_total, 5),
         "rollback_share": round(sum(s.t_rollback for s in last) / t_total, 5),
+        "plain_share": round(n("plain_steps") / max(n("steps"), 1), 3),
+        "enter_leave_plain": [n("enter_plain"), n("leave_plain")],
         "verify_cost_rel": [round(c / costs[0], 3) for c in costs],
     })

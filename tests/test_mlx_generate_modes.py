@@ -47,6 +47,13 @@ class PositionalDrafter:
         return d
 
 
+def forced_policy(k_max: int) -> DraftPolicy:
+    """A cost-aware policy with flat verify costs and acceptance frozen at 0.9: it drafts whatever is
+    proposed (up to ``k_max``), enters plain mode when nothing is, and leaves it as soon as a proposal
+    reaches past the token in flight, so the drafter's schedule decides every switch."""
+    return DraftPolicy([1.0] * (k_max + 1), alpha=0.0, prior=0.9)
+
+
 def kv_offset(cache) -> int:
     """Tokens held by the attention layers of a prompt cache."""
     return next(c.offset for c in cache if isinstance(c, KVCache))
@@ -69,8 +76,8 @@ def test_forced_schedule_enters_and_leaves_plain_mode(arch, gdn_path):
     schedule = {5: (3, None), 6: (3, None), 12: (3, None), 13: (3, 1)}
     stats = SpecStats()
     cache = make_prompt_cache(model)
-    spec = spec_run(model, prompt, 24, PositionalDrafter(plain, schedule), stats, draft_max=3,
-                    gdn_path=gdn_path, prompt_cache=cache)
+    spec = spec_run(model, prompt, 24, PositionalDrafter(plain, schedule), stats, draft_max=None,
+                    draft_policy=forced_policy(3), gdn_path=gdn_path, prompt_cache=cache)
     assert assert_greedy_equal(plain, plain_lp, spec) is None
     assert (stats.enter_plain, stats.leave_plain) == (3, 2)
     assert (stats.n_drafted, stats.n_accept) == (6, 4)
@@ -91,7 +98,8 @@ def test_any_schedule_equals_plain_greedy(arch, prompt, gdn_path, max_tokens, dr
     stats = SpecStats()
     cache = make_prompt_cache(model)
     out = list(ngram_speculative_generate_step(mx.array(prompt), model, max_tokens=max_tokens,
-                                               draft_max=draft_max, drafter=PositionalDrafter(plain, schedule),
+                                               draft_max=None, draft_policy=forced_policy(draft_max),
+                                               drafter=PositionalDrafter(plain, schedule),
                                                stats=stats, gdn_path=gdn_path, prompt_cache=cache))
     tie = assert_greedy_equal(plain, plain_lp, [t for t, _, _ in out])
     assert stats.n_tokens == max_tokens and stats.leave_plain <= stats.enter_plain
@@ -121,6 +129,19 @@ def test_draft_max_zero_is_generate_step(arch):
         assert [t for t, _, _ in out] == [int(t) for t, _ in ref]
         assert all(mx.array_equal(lp, r).item() for (_, lp, _), (_, r) in zip(out, ref))
         assert stats.plain_steps == stats.steps == 16 and stats.enter_plain == 1 and stats.n_proposed == 0
+
+
+def test_fixed_draft_length_verifies_every_proposal_where_it_is_made():
+    """draft_max=k > 0 is not pipelined: a proposal guessing only the next token is verified too."""
+    model = model_of("qwen3_5")
+    prompt = [1, 2, 3]
+    plain, plain_lp = plain_greedy(model, prompt, 10)
+    stats = SpecStats()
+    out = list(ngram_speculative_generate_step(mx.array(prompt), model, max_tokens=10, draft_max=4, stats=stats,
+                                               drafter=PositionalDrafter(plain, {1: (1, None), 5: (2, 0)})))
+    assert assert_greedy_equal(plain, plain_lp, [t for t, _, _ in out]) is None
+    assert [f for _, _, f in out] == [False, True] + [False] * 8
+    assert (stats.plain_steps, stats.enter_plain, stats.n_drafted, stats.n_accept) == (0, 0, 3, 1)
 
 
 def test_policy_stays_plain_when_drafting_does_not_pay():
@@ -170,7 +191,8 @@ def test_stream_generate_stops_at_eos_in_either_mode(tiny_loaded, eos_at, schedu
         ref = [(r.text, r.token, r.finish_reason) for r in mlx_lm.stream_generate(
             model, tokenizer, prompt, max_tokens=12, sampler=argmax_sampler)]
         ours = [(r.text, r.token, r.finish_reason) for r in stream_generate(
-            model, tokenizer, prompt, max_tokens=12, draft_max=6, drafter=PositionalDrafter(plain, schedule))]
+            model, tokenizer, prompt, max_tokens=12, draft_max=None, draft_policy=forced_policy(6),
+            drafter=PositionalDrafter(plain, schedule))]
     finally:
         tokenizer.eos_token_ids = {tokenizer.eos_token_id}
     assert ours == ref and ours[-1][2] == "stop"
