@@ -77,92 +77,69 @@ def _tag(h):
 
 
 @njit(cache=True)
-def find_key(T, w0, w1):
-    """The key id of n-gram ``(w0, w1)``, or -1."""
-    slots, K = T[0], T[1]
+def _slot(slots, rows, col_a, col_b, a, b):
+    """Open addressing: the slot of the row whose columns ``col_a, col_b`` hold ``(a, b)``, or the empty
+    slot where that row belongs. A slot packs ``tag << 32 | row id``; -1 is empty."""
     mask = slots.size - 1
-    h = _mix(w0, w1)
+    h = _mix(a, b)
     tag = _tag(h)
     i = np.int64(h & np.uint64(mask))
     while True:
         v = slots[i]
         if v < 0:
-            return -1
+            return i
         if (v >> 32) == tag:
-            k = v & 0xFFFFFFFF
-            if K[k, KW0] == w0 and K[k, KW1] == w1:
-                return k
+            r = v & 0xFFFFFFFF
+            if rows[r, col_a] == a and rows[r, col_b] == b:
+                return i
         i = (i + 1) & mask
+
+
+@njit(cache=True)
+def find_key(T, w0, w1):
+    """The key id of n-gram ``(w0, w1)``, or -1."""
+    v = T[0][_slot(T[0], T[1], KW0, KW1, w0, w1)]
+    return v & 0xFFFFFFFF if v >= 0 else -1
 
 
 @njit(cache=True)
 def find_entry(T, k, y):
     """The entry id of follower ``y`` of key ``k``, or -1."""
-    eslots, E = T[2], T[3]
-    mask = eslots.size - 1
-    h = _mix(k, y)
-    tag = _tag(h)
-    j = np.int64(h & np.uint64(mask))
-    while True:
-        v = eslots[j]
-        if v < 0:
-            return -1
-        if (v >> 32) == tag:
-            e = v & 0xFFFFFFFF
-            if E[e, EKEY] == k and E[e, ETOK] == y:
-                return e
-        j = (j + 1) & mask
+    v = T[2][_slot(T[2], T[3], EKEY, ETOK, k, y)]
+    return v & 0xFFFFFFFF if v >= 0 else -1
 
 
 @njit(cache=True)
 def add(T, w0, w1, y, c):
     """``c(eta, y) += c``; the caller reserved room (:meth:`HashTable.reserve`)."""
     slots, K, eslots, E, meta = T
-    mask = slots.size - 1
-    h = _mix(w0, w1)
-    tag = _tag(h)
-    i = np.int64(h & np.uint64(mask))
-    while True:
-        v = slots[i]
-        if v < 0:
-            k = meta[0]
-            meta[0] += 1
-            slots[i] = (tag << 32) | k
-            K[k, KW0] = w0
-            K[k, KW1] = w1
-            K[k, KSUM] = 0
-            K[k, KMAX] = 0
-            K[k, KTOP] = -1
-            K[k, KNUM] = 0
-            K[k, KHEAD] = -1
-            break
-        if (v >> 32) == tag:
-            k = v & 0xFFFFFFFF
-            if K[k, KW0] == w0 and K[k, KW1] == w1:
-                break
-        i = (i + 1) & mask
-    emask = eslots.size - 1
-    h = _mix(k, y)
-    tag = _tag(h)
-    j = np.int64(h & np.uint64(emask))
-    while True:
-        v = eslots[j]
-        if v < 0:
-            e = meta[1]
-            meta[1] += 1
-            eslots[j] = (tag << 32) | e
-            E[e, EKEY] = k
-            E[e, ETOK] = y
-            E[e, ECNT] = 0
-            E[e, ENEXT] = K[k, KHEAD]
-            K[k, KHEAD] = e
-            K[k, KNUM] += 1
-            break
-        if (v >> 32) == tag:
-            e = v & 0xFFFFFFFF
-            if E[e, EKEY] == k and E[e, ETOK] == y:
-                break
-        j = (j + 1) & emask
+    i = _slot(slots, K, KW0, KW1, w0, w1)
+    if slots[i] < 0:  # a new n-gram
+        k = meta[0]
+        meta[0] += 1
+        slots[i] = (_tag(_mix(w0, w1)) << 32) | k
+        K[k, KW0] = w0
+        K[k, KW1] = w1
+        K[k, KSUM] = 0
+        K[k, KMAX] = 0
+        K[k, KTOP] = -1
+        K[k, KNUM] = 0
+        K[k, KHEAD] = -1
+    else:
+        k = slots[i] & 0xFFFFFFFF
+    j = _slot(eslots, E, EKEY, ETOK, k, y)
+    if eslots[j] < 0:  # a new follower of it
+        e = meta[1]
+        meta[1] += 1
+        eslots[j] = (_tag(_mix(k, y)) << 32) | e
+        E[e, EKEY] = k
+        E[e, ETOK] = y
+        E[e, ECNT] = 0
+        E[e, ENEXT] = K[k, KHEAD]
+        K[k, KHEAD] = e
+        K[k, KNUM] += 1
+    else:
+        e = eslots[j] & 0xFFFFFFFF
     cnt = E[e, ECNT] + c
     E[e, ECNT] = cnt
     K[k, KSUM] += c
