@@ -190,3 +190,18 @@ def test_bundled_sample_is_persuasion_in_smollm2_tokens(capsys, tmp_path):
     sample = read_tokens(Path(__file__).resolve().parents[1] / "reference" / "data" / "persuasion.i32")
     assert len(sample) == 115861 and len(opening) > 50
     assert opening[:-1] == sample[:len(opening) - 1].tolist()  # the last token may merge with what follows
+
+
+def test_closed_pipe_is_not_an_error():
+    """``ngram-spec stats ... --drafts-out /dev/stdout | head -1`` ends quietly with status 0."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, "-m", "reference", "stats", str(root / "reference" / "data" / "persuasion.i32"),
+           "--drafts-out", "/dev/stdout"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=root)
+    assert proc.stdout.readline().startswith(b"#")
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=300) == 0 and b"error" not in err, err

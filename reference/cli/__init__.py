@@ -6,7 +6,9 @@ parser and sets ``func`` (called with the parsed arguments, returns the exit cod
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
+import os
 import sys
 
 # Modules that contribute subcommands, in the order ``--help`` lists them.
@@ -66,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except (UserError, ValueError, OSError) as exc:  # bad input: one clear line, no traceback
+        if isinstance(exc, OSError) and exc.errno == errno.EPIPE:  # `ngram-spec ... | head`: not an error
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
         print(f"ngram-spec {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
