@@ -205,7 +205,7 @@ def demo_records(model, tokenizer, prompts=DEMO_PROMPTS, *, max_tokens: int = 96
         records.append({
             "prompt": p.name, "kind": p.kind, "prompt_tokens": len(ids), "tokens": len(plain),
             "plain_tok_s": round(plain_tok_s, 2), "spec_tok_s": round(spec_tok_s, 2),
-            "speedup": round(spec_tok_s / plain_tok_s, 3), "accept": round(100 * stats.accept, 2),
+            "speedup": round(spec_tok_s / plain_tok_s, 3), "accept": round(stats.accept, 2),
             "tokens_per_forward": round(stats.tokens_per_forward, 3), "identical": div is None,
             "divergence": div, "steps": stats.steps, "n_drafted": stats.n_drafted, "n_accept": stats.n_accept,
             "draft_lengths": {str(k): v for k, v in sorted(stats.draft_lengths.items())},
@@ -313,7 +313,7 @@ def run_generate(args) -> int:
         "draft_max": 0 if args.no_spec else ("auto" if args.draft_max is None else args.draft_max),
         "prompt_tokens": len(prompt), "tokens": tokens,
         "text": "".join(text), "n_forward": n_forward, "steps": len(tokens) if args.no_spec else stats.steps,
-        "n_drafted": stats.n_drafted, "n_accept": stats.n_accept, "accept": round(100 * stats.accept, 2),
+        "n_drafted": stats.n_drafted, "n_accept": stats.n_accept, "accept": round(stats.accept, 2),
         "tokens_per_forward": 1.0 if args.no_spec else round(stats.tokens_per_forward, 4),
         "prompt_tps": round(last.prompt_tps, 2) if last else 0.0,
         "generation_tps": round(last.generation_tps, 2) if last else 0.0,
@@ -326,7 +326,7 @@ def run_generate(args) -> int:
     print(f"Generation: {len(tokens)} tokens, {record['generation_tps']:.1f} tokens-per-sec")
     if not args.no_spec:
         print(f"Speculative: {stats.steps} decode forwards, {stats.tokens_per_forward:.2f} tokens per forward, "
-              f"drafted {stats.n_drafted}, accepted {stats.n_accept} ({stats.accept:.0%})")
+              f"drafted {stats.n_drafted}, accepted {stats.n_accept} ({stats.accept:.0f} %)")
     print(f"Model: {desc}, BLAS: {record['blas']}")
     return 0
 

@@ -58,7 +58,8 @@ class SpecStats:
 
     @property
     def accept(self) -> float:
-        return self.n_accept / self.n_drafted if self.n_drafted else 0.0
+        """Accepted / drafted, in percent (llama.cpp's ``accept``, as in the reference); 0 when nothing was drafted."""
+        return 100.0 * self.n_accept / self.n_drafted if self.n_drafted else 0.0
 
     def as_dict(self) -> dict:
         d = dict(self.__dict__)

@@ -148,7 +148,7 @@ def test_bench_speculative_vs_plain(benchmark, size, drafter_kind, draft_max):
     policy = stats.policy or {}
     _info(benchmark, size=size, drafter=drafter_kind, draft_max=str(draft_max),
           plain_tok_s=round(n / min(plain_t), 1), spec_tok_s=round(n / min(spec_t), 1),
-          speedup=round(statistics.median(p / s for p, s in zip(plain_t, spec_t)), 3), accept=round(stats.accept, 3),
+          speedup=round(statistics.median(p / s for p, s in zip(plain_t, spec_t)), 3), accept=round(stats.accept, 1),
           tokens_per_forward=round(stats.tokens_per_forward, 3),
           draft_lengths=dict(stats.draft_lengths), cost_rel=policy.get("cost_rel"),
           plain_cost_rel=policy.get("plain_cost_rel"), plain_steps=stats.plain_steps,
