@@ -77,7 +77,10 @@ def load_model(model: str | None, dtype: str | None = None):
         raise FileNotFoundError(f"--model {model}: not a .gguf file or an mlx-lm model directory")
     from mlx_lm.utils import load
 
-    m, tokenizer = load(model)
+    try:
+        m, tokenizer = load(model)
+    except (ValueError, RuntimeError) as exc:  # mlx-lm's and mlx's errors for a config or weights they cannot read
+        raise ValueError(f"--model {model}: mlx-lm cannot load this model directory: {exc}") from exc
     return m, tokenizer, str(model)
 
 

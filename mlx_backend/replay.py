@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from mlx_backend.ngram_tables import NGRAM_MAX, HashTable, replay_chunk
 from reference.draft import SCORES
+from reference.drafter import check_static
 from reference.replay import ReplayStats, check_replay_args
 
 
@@ -38,6 +39,7 @@ def replay(tokens, n_ctx: int = 4096, n_draft: int = 16, c_st=None, c_dyn=None, 
         raise ValueError(f"score must be one of {SCORES}, got {score!r}")
     t0 = time.perf_counter()
     st = as_sorted(c_st)
+    check_static(st)
     dyn = as_table(c_dyn, copy=not isinstance(c_dyn, (str, os.PathLike))) if c_dyn is not None else HashTable()
     load_ms = 1e3 * (time.perf_counter() - t0)
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from mlx_backend.ngram_tables import NGRAM_MAX, HashTable, update_range, update_then_draft, update_then_draft_no_dyn
 from reference.draft import SCORES
+from reference.drafter import check_static
 
 INT32_MAX = 2**31 - 1
 
@@ -45,6 +46,7 @@ class NgramDrafter:
         self.score = score
         self._int32 = score == "int32"
         self.c_st = None if c_st is None else as_sorted(c_st)
+        check_static(self.c_st)
         self._st = as_sorted(self.c_st).static_arrays()
         dyn = c_dyn if c_dyn is None or isinstance(c_dyn, HashTable) else as_sorted(c_dyn)
         for cache, given in ((self.c_st, c_st), (dyn, c_dyn)):  # refuse caches of another tokenizer

@@ -25,11 +25,13 @@ import os
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from reference.ngram_cache import LLAMA_NGRAM_MAX, TOKEN_NULL, NgramCache, pad
 from reference.tokens import INT32_MAX, read_bytes
 
 RECORD_HEAD = LLAMA_NGRAM_MAX + 1  # int32 fields before the followers: tokens[4], ntokens
+OURS_MAGIC = b"NGRAMSPC"  # first bytes of ngram-spec's memory-mapped format (docs/cache-format.md)
 
 
 class CacheFileError(ValueError):
@@ -48,44 +50,53 @@ def load_cache(path: str | os.PathLike) -> NgramCache:
     plus: the n-gram is 1..4 non-negative tokens followed by -1 padding, follower ids are
     non-negative, and no n-gram or follower repeats. (llama.cpp silently keeps the first of a
     duplicate key; llama.cpp never writes one, so a duplicate means a corrupt or concatenated file.)
+    A file in our memory-mapped format is named as such, with the fix. Parsing shows a tqdm bar over
+    the file's bytes on stderr when it is a terminal.
     """
     data = read_bytes(path)
+    if data.startswith(OURS_MAGIC):
+        raise ValueError(f"cache file {path} is in ngram-spec's memory-mapped format (docs/cache-format.md), not "
+                         f"llama.cpp's: read it with --backend mlx, or convert it: ngram-spec convert {path} -o OUT "
+                         "--to llama")
     if len(data) % 4:
         raise CacheFileError(path, len(data) - len(data) % 4,
                              f"file size {len(data)} is not a multiple of 4 (truncated int32)")
     words = np.frombuffer(data, dtype="<i4").tolist()
     counts: dict[tuple[int, ...], dict[int, int]] = {}
     o = 0  # position in int32 words; the byte offset is 4 * o
-    while o < len(words):
-        if o + RECORD_HEAD > len(words):
-            raise CacheFileError(path, 4 * o, f"truncated record: {4 * (len(words) - o)} bytes left, "
-                                               f"a record header needs {4 * RECORD_HEAD}")
-        slots, ntokens = words[o:o + LLAMA_NGRAM_MAX], words[o + LLAMA_NGRAM_MAX]
-        n = next((i for i, t in enumerate(slots) if t == TOKEN_NULL), LLAMA_NGRAM_MAX)
-        eta = tuple(slots[:n])
-        if n == 0 or any(t < 0 for t in eta) or any(t != TOKEN_NULL for t in slots[n:]):
-            raise CacheFileError(path, 4 * o, f"invalid n-gram {slots} (expected 1..4 token ids >= 0 then -1)")
-        if ntokens <= 0:
-            raise CacheFileError(path, 4 * (o + LLAMA_NGRAM_MAX), f"non-positive follower count ntokens={ntokens}")
-        if eta in counts:
-            raise CacheFileError(path, 4 * o, f"duplicate n-gram {eta}")
-        body = o + RECORD_HEAD
-        end = body + 2 * ntokens
-        if end > len(words):
-            raise CacheFileError(path, 4 * body, f"truncated record for n-gram {eta}: ntokens={ntokens} needs "
-                                                  f"{8 * ntokens} bytes, {4 * (len(words) - body)} left")
-        part: dict[int, int] = {}
-        for j in range(body, end, 2):
-            y, c = words[j], words[j + 1]
-            if y < 0:
-                raise CacheFileError(path, 4 * j, f"negative follower token {y} of n-gram {eta}")
-            if c <= 0:
-                raise CacheFileError(path, 4 * (j + 1), f"non-positive count {c} of n-gram {eta}, token {y}")
-            if y in part:
-                raise CacheFileError(path, 4 * j, f"duplicate follower {y} of n-gram {eta}")
-            part[y] = c
-        counts[eta] = part
-        o = end
+    with tqdm(total=len(data), unit="B", unit_scale=True, desc=f"load {Path(path).name}", disable=None,
+              leave=False) as bar:  # on stderr, shown only on a terminal
+        while o < len(words):
+            if o + RECORD_HEAD > len(words):
+                raise CacheFileError(path, 4 * o, f"truncated record: {4 * (len(words) - o)} bytes left, "
+                                                   f"a record header needs {4 * RECORD_HEAD}")
+            slots, ntokens = words[o:o + LLAMA_NGRAM_MAX], words[o + LLAMA_NGRAM_MAX]
+            n = next((i for i, t in enumerate(slots) if t == TOKEN_NULL), LLAMA_NGRAM_MAX)
+            eta = tuple(slots[:n])
+            if n == 0 or any(t < 0 for t in eta) or any(t != TOKEN_NULL for t in slots[n:]):
+                raise CacheFileError(path, 4 * o, f"invalid n-gram {slots} (expected 1..4 token ids >= 0 then -1)")
+            if ntokens <= 0:
+                raise CacheFileError(path, 4 * (o + LLAMA_NGRAM_MAX), f"non-positive follower count ntokens={ntokens}")
+            if eta in counts:
+                raise CacheFileError(path, 4 * o, f"duplicate n-gram {eta}")
+            body = o + RECORD_HEAD
+            end = body + 2 * ntokens
+            if end > len(words):
+                raise CacheFileError(path, 4 * body, f"truncated record for n-gram {eta}: ntokens={ntokens} needs "
+                                                      f"{8 * ntokens} bytes, {4 * (len(words) - body)} left")
+            part: dict[int, int] = {}
+            for j in range(body, end, 2):
+                y, c = words[j], words[j + 1]
+                if y < 0:
+                    raise CacheFileError(path, 4 * j, f"negative follower token {y} of n-gram {eta}")
+                if c <= 0:
+                    raise CacheFileError(path, 4 * (j + 1), f"non-positive count {c} of n-gram {eta}, token {y}")
+                if y in part:
+                    raise CacheFileError(path, 4 * j, f"duplicate follower {y} of n-gram {eta}")
+                part[y] = c
+            counts[eta] = part
+            bar.update(4 * (end - o))
+            o = end
     return NgramCache(counts)
 
 

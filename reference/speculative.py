@@ -99,7 +99,7 @@ def speculative_generate(model, prompt: Sequence[int], max_tokens: int, drafter,
     done = last in eos or len(tokens) >= max_tokens
     while not done:
         n_draft = min(draft_max, max_tokens - len(tokens))  # no drafts beyond the tokens still wanted
-        drafts = [int(t) for t in drafter.draft(n_draft)][:n_draft]
+        drafts = [int(t) for t in drafter.draft(n_draft)][:n_draft] if n_draft else []  # draft_max 0: plain
         logits = model.forward([last, *drafts], cache)
         stats.n_forward += 1
         stats.n_drafted += len(drafts)

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 INT32_MAX = 2**31 - 1
+NPY_MAGIC = b"\x93NUMPY"  # the first bytes of every .npy file
 
 
 def read_bytes(path: str | os.PathLike) -> bytes:
@@ -42,6 +43,10 @@ def read_tokens(path: str | os.PathLike) -> np.ndarray:
     name = path.name[:-3] if path.suffix == ".xz" else path.name
     if name.endswith(".npy"):
         with (lzma.open(path) if path.suffix == ".xz" else open(path, "rb")) as f:
+            if f.read(len(NPY_MAGIC)) != NPY_MAGIC:
+                raise ValueError(f"token file {path}: not a .npy file (it does not start with NumPy's magic); "
+                                 "name raw little-endian int32 token files .i32")
+            f.seek(0)
             try:
                 arr = np.load(f, allow_pickle=False)
             except ValueError as exc:

@@ -98,6 +98,25 @@ def test_generate_bad_model_path_is_a_clear_error(capsys, tmp_path):
     assert "not a .gguf file or an mlx-lm model directory" in capsys.readouterr().err
 
 
+
+@pytest.mark.parametrize("config, weights, message", [
+    ("{model_type: llama", None, "line 1 column 2"),  # config.json that is not JSON
+    ('{"model_type": "gpt9"}', None, "gpt9"),  # an architecture mlx-lm does not know
+    (None, b"", "mlx-lm cannot load this model directory"),  # an empty safetensors file
+])
+def test_generate_unloadable_model_directory_is_one_clear_line(capsys, tmp_path, config, weights, message):
+    from reference.tiny import write_tiny_model
+
+    model_dir = write_tiny_model(tmp_path / "tiny", "llama", seed=0)
+    if config is not None:
+        (model_dir / "config.json").write_text(config)
+    if weights is not None:
+        (model_dir / "model.safetensors").write_bytes(weights)
+    assert main(["generate", "--model", str(model_dir), "--prompt", "hi", "--max-tokens", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"ngram-spec generate: error: --model {model_dir}: mlx-lm cannot load this model directory")
+    assert message in err and err.count("\n") == 1
+
 def test_main_job_doc_examples_run(capsys):
     """The ```python blocks of docs/main-job.md, executed in order in one namespace."""
     text = (Path(__file__).parents[1] / "docs" / "main-job.md").read_text()

@@ -39,6 +39,11 @@ def test_tiny_model_is_deterministic_in_the_seed(tmp_path, capsys):
     assert weights["a"] == weights["b"] != weights["c"]
 
 
+
+def test_tiny_model_takes_o_like_the_other_commands(tmp_path, capsys):
+    assert main(["tiny-model", "--arch", "llama", "-o", str(tmp_path / "m")]) == 0
+    assert (tmp_path / "m" / "config.json").is_file()
+
 def test_tiny_model_runs_as_a_console_script(tmp_path):
     out = tmp_path / "m"
     proc = subprocess.run([sys.executable, "-m", "reference", "tiny-model", "--arch", "llama", "--out", str(out)],
@@ -146,17 +151,28 @@ def test_generation_stops_at_eos_from_the_model_directory(models, tmp_path, caps
     (["--model", "{llama}", "--prompt", "hi", "--temp", "0.7"], "decodes greedily"),
     (["--model", "{llama}"], "--prompt TEXT or --prompt-tokens FILE"),
     (["--model", "{missing}", "--prompt", "hi"], "no config.json"),
+    (["--model", "{garbled}", "--prompt", "hi"], "config.json: not valid JSON"),
+    (["--model", "{bad_weights}", "--prompt", "hi"], "model.safetensors: not a readable safetensors file"),
     (["--model", "{llama}", "--prompt", "hi", "--max-tokens", "0"], "--max-tokens must be at least 1"),
     (["--model", "{llama}", "--prompt-tokens", "{bad}"], "not a multiple of 4"),
     (["--model", "{llama}", "--prompt-tokens", "{big}"], "outside the vocabulary"),
     (["--model", "{llama}", "--prompt", "hi", "--dtype", "bfloat16"], "float32 or float64, not bfloat16"),
     (["--model", "{llama}", "--prompt", "hi", "--draft-max", "-1"], "--draft-max must be >= 0"),
+    (["--model", "{llama}", "--prompt", "hi", "--no-spec", "--static", "{bad}"], "--static would be ignored"),
+    (["--model", "{llama}", "--prompt", "hi", "--no-spec", "--draft-max", "4", "--dynamic", "{bad}"],
+     "--draft-max and --dynamic would be ignored"),
 ])
 def test_bad_input_gets_one_clear_line(models, tmp_path, capsys, argv, message):
     (tmp_path / "bad.i32").write_bytes(b"\x01\x00\x00")
     write_tokens(tmp_path / "big.i32", [1, 5000])
+    (tmp_path / "garbled").mkdir()
+    (tmp_path / "garbled" / "config.json").write_text("{model_type: llama")
+    (tmp_path / "bad_weights").mkdir()
+    (tmp_path / "bad_weights" / "config.json").write_bytes((models["llama"] / "config.json").read_bytes())
+    (tmp_path / "bad_weights" / "model.safetensors").write_bytes(b"")
     names = {"llama": models["llama"], "missing": tmp_path / "nope", "bad": tmp_path / "bad.i32",
-             "big": tmp_path / "big.i32"}
+             "big": tmp_path / "big.i32", "garbled": tmp_path / "garbled",
+             "bad_weights": tmp_path / "bad_weights"}
     argv = [a.format(**names) for a in argv]
     assert main(["generate", "--backend", "reference", *argv]) == 2
     err = capsys.readouterr().err

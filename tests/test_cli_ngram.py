@@ -148,6 +148,9 @@ def test_bad_input_errors(capsys, tmp_path):
     truncated.write_bytes(V("syn-static.bin").read_bytes()[:100])
     cases.append((["inspect", truncated], f"cache file {truncated}: truncated record"))
     cases.append((["merge", V("syn-static.bin"), truncated, "-o", tmp_path / "m.bin"], "byte offset 84"))
+    ours = tmp_path / "ours.bin"
+    ours.write_bytes(b"NGRAMSPC" + bytes(376))
+    cases.append((["inspect", ours, "--backend", "reference"], "read it with --backend mlx, or convert it"))
     for argv, message in cases:
         rc, _, err = run(capsys, *argv)
         assert rc == 2, argv
@@ -165,6 +168,28 @@ def test_empty_input_reports_zeros(capsys, tmp_path):
     rc, out, _ = run(capsys, "inspect", tmp_path / "e.bin")
     assert rc == 0 and "0 n-grams, 0 entries, total count 0" in out
 
+
+
+@pytest.mark.parametrize("backend", ["reference", "mlx"])
+def test_input_shorter_than_a_chunk_says_nothing_was_replayed(capsys, tmp_path, backend):
+    toks = tmp_path / "t.i32"
+    write_tokens(toks, [1, 2, 3] * 5)  # 15 tokens: one chunk needs n_ctx + 1 = 17
+    rc, out, err = run(capsys, "stats", toks, "--n-ctx", 16, "--json", "--backend", backend)
+    assert rc == 0 and json.loads(out)["n_chunks"] == 0
+    assert "nothing replayed" in err and "has 15 tokens" in err and "pass a smaller --n-ctx" in err
+    rc, out, err = run(capsys, "stats", toks, "--n-ctx", 14, "--json", "--backend", backend)
+    assert rc == 0 and json.loads(out)["n_chunks"] == 1 and "nothing replayed" not in err
+
+
+def test_format_ours_without_mlx_is_refused_before_any_work(capsys, tmp_path):
+    toks = tmp_path / "t.i32"
+    write_tokens(toks, [1, 2, 3] * 5)
+    dump = tmp_path / "drafts.txt"
+    for argv in (["stats", toks, "--save-dynamic", tmp_path / "d.bin", "--drafts-out", dump],
+                 ["create", toks, "-o", tmp_path / "s.bin"], ["merge", V("syn-static.bin"), "-o", tmp_path / "m.bin"]):
+        rc, _, err = run(capsys, *argv, "--format", "ours", "--backend", "reference")
+        assert rc == 2 and "--format ours needs --backend mlx" in err, (argv, err)
+    assert not dump.exists() and not list(tmp_path.glob("*.bin"))  # nothing replayed or written
 
 PERSUASION_OPENING = (
     "Persuasion\n\n\nby\n\nJane Austen\n\n(1818)\n\n\n\n\nChapter 1\n\n\nSir Walter Elliot, of Kellynch Hall, "

@@ -104,6 +104,9 @@ def test_npy_must_be_1d_integers(tmp_path):
     np.save(path, np.array([1, 2**40]))
     with pytest.raises(ValueError, match="does not fit in int32"):
         read_tokens(path)
+    path.write_bytes(np.array([1, 2], dtype="<i4").tobytes())  # raw int32 named .npy
+    with pytest.raises(ValueError, match=r"t.npy: not a .npy file .* name raw little-endian int32 token files .i32"):
+        read_tokens(path)
 
 
 def test_npy_round_trip(tmp_path):
@@ -151,3 +154,39 @@ def test_static_cache_must_hold_2_grams_only():
     with pytest.raises(ValueError, match="must hold 2-grams only"):
         NgramDrafter(c_st=dyn)
     NgramDrafter(c_dyn=dyn)  # fine as the dynamic cache
+
+
+def test_our_memory_mapped_format_is_named_with_the_fix(tmp_path):
+    """The llama.cpp-format reader recognizes our format's magic and says how to read it."""
+    path = tmp_path / "ours.bin"
+    path.write_bytes(b"NGRAMSPC" + bytes(376))
+    with pytest.raises(ValueError, match=r"memory-mapped format .* --backend mlx, or convert it: ngram-spec convert"):
+        load_cache(path)
+
+
+def test_loading_a_cache_file_reports_progress_over_its_bytes(tmp_path, monkeypatch):
+    """The tqdm bar (stderr, terminal only) counts every byte of the file, record by record."""
+    import reference.cache_file
+
+    bars = []
+
+    class Bar:
+        def __init__(self, total, **kwargs):
+            self.total, self.n, self.kwargs = total, 0, kwargs
+            bars.append(self)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def update(self, n):
+            self.n += n
+
+    monkeypatch.setattr(reference.cache_file, "tqdm", Bar)
+    path = tmp_path / "c.bin"
+    path.write_bytes(GOOD + SECOND)
+    load_cache(path)
+    assert [(b.total, b.n) for b in bars] == [(64, 64)]
+    assert bars[0].kwargs["disable"] is None  # None: shown only on a terminal

@@ -107,6 +107,17 @@ def test_speculative_equals_greedy_with_the_ngram_drafter(arch, prompt, draft_ma
     check_stats(tokens, stats, stopped_early=len(tokens) < stats.n_accept + stats.n_forward)
 
 
+
+def test_draft_max_0_is_plain_decoding_with_the_ngram_drafter():
+    """draft_max = 0 (allowed, ``k may be 0``) never asks the drafter for drafts: one token per forward."""
+    from reference.drafter import NgramDrafter
+
+    model = tiny("llama", 1)
+    prompt = [5, 6, 5, 6, 5, 6]
+    tokens, stats = speculative_generate(model, prompt, 8, NgramDrafter(), 0)
+    assert tokens == greedy_generate(model, prompt, 8)
+    assert stats.n_drafted == 0 and stats.n_forward == len(tokens)
+
 def test_ngram_drafts_get_accepted_on_a_model_that_repeats():
     from reference.drafter import NgramDrafter
 

@@ -173,6 +173,18 @@ def test_bad_arguments_rejected():
         api.replay([1, 2, 3], n_ctx=1)
 
 
+
+@pytest.mark.parametrize("backend", [api, ref], ids=["mlx", "reference"])
+def test_static_cache_of_other_sizes_is_refused_like_the_reference(backend):
+    """A static cache holds 2-grams only; drafting would silently ignore the rest (a dynamic cache passed as static)."""
+    wrong = NgramCache({(1, 2, 3): {4: 1}, (1, 2): {3: 1}})
+    if backend is api:
+        wrong = api.as_sorted(wrong)
+    with pytest.raises(ValueError, match=r"sizes \[2, 3\]; a static cache must hold 2-grams only"):
+        backend.NgramDrafter(c_st=wrong)
+    with pytest.raises(ValueError, match="must hold 2-grams only"):
+        backend.replay([1, 2, 3, 1, 2, 3], n_ctx=4, c_st=wrong)
+
 def test_build_static_from_token_file_is_memory_mapped(tmp_path):
     s = np.random.default_rng(5).integers(0, 40, 5000).astype(np.int32)
     path = tmp_path / "t.i32"

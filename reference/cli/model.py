@@ -80,7 +80,7 @@ def register(subparsers) -> None:
     p.add_argument("--arch", choices=ARCHS, required=True,
                    help="qwen3_5 / qwen3_next: hybrid GatedDeltaNet + attention; llama: attention only")
     p.add_argument("--seed", type=int, default=0, help="random seed of the weights (default: %(default)s)")
-    p.add_argument("--out", required=True, metavar="DIR", help="directory to write (created if needed)")
+    p.add_argument("-o", "--out", required=True, metavar="DIR", help="directory to write (created if needed)")
     p.set_defaults(func=cmd_tiny_model)
 
 
@@ -99,6 +99,12 @@ def cmd_generate(args) -> int:
         raise UserError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     if args.draft_max is not None and args.draft_max < 0:
         raise UserError(f"--draft-max must be >= 0, got {args.draft_max}")
+    if args.no_spec:
+        drafting = [flag for flag, value in (("--draft-max", args.draft_max), ("--static", args.static),
+                                             ("--dynamic", args.dynamic)) if value is not None]
+        if drafting:
+            raise UserError(f"--no-spec decodes without drafts, so {' and '.join(drafting)} would be ignored: "
+                            f"drop {'it' if len(drafting) == 1 else 'them'}, or drop --no-spec")
     if args.backend == "mlx":
         try:
             from mlx_backend.cli import run_generate

@@ -152,21 +152,20 @@ def read_input_tokens(backend, path: str):
 def load_cache_file(backend, path: str, what: str = ""):
     if not Path(path).is_file():
         raise UserError(f"{what} cache file {path}: no such file".lstrip())
-    if not hasattr(backend, "detect_format"):
-        with open(path, "rb") as f:
-            if f.read(8) == b"NGRAMSPC":
-                raise UserError(f"{path} is in ngram-spec's memory-mapped format (docs/cache-format.md): read it "
-                                f"with --backend mlx, or convert it: ngram-spec convert {path} -o OUT --to llama")
     return backend.load_cache(path)
+
+
+def check_format(backend, fmt: str) -> None:
+    """Before any work: only the mlx backend writes our format."""
+    if fmt != "llama" and not hasattr(backend, "detect_format"):
+        raise UserError(f"--format {fmt} needs --backend mlx")
 
 
 def save_cache_file(backend, cache, path: str, fmt: str) -> None:
     if fmt == "llama":
         backend.save_cache(cache, path)
-    elif hasattr(backend, "detect_format"):  # the mlx backend writes both formats
+    else:  # the mlx backend writes both formats (check_format)
         backend.save_cache(cache, path, format=fmt)
-    else:
-        raise UserError(f"--format {fmt} needs --backend mlx")
 
 
 def cache_rows(backend, cache) -> list[tuple[int, ...]]:
@@ -185,6 +184,7 @@ def check_static(backend, cache, path: str) -> None:
 
 def cmd_create(args) -> int:
     backend = get_backend(args.backend)
+    check_format(backend, args.format)
     if args.tokenizer:
         encode = load_tokenizer(args.tokenizer)
         try:
@@ -213,6 +213,8 @@ def cmd_stats(args) -> int:
     except ValueError as exc:
         raise UserError(str(exc)) from exc
     backend = get_backend(args.backend)
+    if args.save_dynamic:
+        check_format(backend, args.format)
     tokens = read_input_tokens(backend, args.tokens)
     t0 = time.perf_counter()
     c_st = load_cache_file(backend, args.static, "static") if args.static else None
@@ -241,6 +243,9 @@ def cmd_stats(args) -> int:
         save_cache_file(backend, stats.c_dyn, args.save_dynamic, args.format)
 
     N = len(tokens)
+    if stats.n_chunks == 0:  # not an error (llama-lookup-stats prints zeros too), but never silent
+        print(f"ngram-spec stats: note: nothing replayed: {args.tokens} has {N} tokens, a chunk needs "
+              f"n_ctx + 1 = {args.n_ctx + 1}; pass a smaller --n-ctx", file=sys.stderr)
     summary = {
         "n_input": N, "n_ctx": args.n_ctx, "n_draft": args.n_draft, "n_chunks": stats.n_chunks,
         "tokens_replayed": stats.n_chunks * args.n_ctx, "n_predict": N - N % args.n_ctx,
@@ -267,6 +272,7 @@ def cmd_stats(args) -> int:
 
 def cmd_merge(args) -> int:
     backend = get_backend(args.backend)
+    check_format(backend, args.format)
     caches = [load_cache_file(backend, path, "input") for path in args.inputs]
     merged = backend.merge_caches(caches)
     save_cache_file(backend, merged, args.output, args.format)

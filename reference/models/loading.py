@@ -23,13 +23,15 @@ ARCHITECTURES = {"llama": llama, "qwen3_5": qwen3_5, "qwen3_next": qwen3_next}
 
 def read_safetensors(path: str) -> dict[str, np.ndarray]:
     """All tensors of one safetensors file as NumPy arrays (bfloat16 -> float32 by bit shift)."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     try:
         with safe_open(path, framework="numpy") as f:
             return {k: f.get_tensor(k) for k in f.keys()}
     except TypeError:  # numpy has no bfloat16: widen the raw 16-bit patterns
         return read_bfloat16_safetensors(path)
+    except SafetensorError as exc:
+        raise ValueError(f"{path}: not a readable safetensors file ({exc}); truncated or corrupt?") from None
 
 
 def read_bfloat16_safetensors(path: str) -> dict[str, np.ndarray]:
@@ -64,7 +66,11 @@ def load_model(model_dir: str | os.PathLike, dtype=np.float32) -> Model:
     if not config_path.is_file():
         raise ValueError(f"{model_dir} is not a model directory: no config.json "
                          "(make a tiny one with: ngram-spec tiny-model --arch qwen3_5 --out DIR)")
-    config = json.loads(config_path.read_text())
+    try:
+        config = json.loads(config_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{config_path}: not valid JSON ({exc}); a model directory needs mlx-lm's "
+                         "config.json") from None
     model_type = config.get("model_type")
     if model_type not in ARCHITECTURES:
         raise ValueError(f"{config_path}: model_type {model_type!r} is not supported by the NumPy reference "
