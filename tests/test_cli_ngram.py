@@ -230,3 +230,11 @@ def test_closed_pipe_is_not_an_error():
     proc.stdout.close()
     err = proc.stderr.read()
     assert proc.wait(timeout=300) == 0 and b"error" not in err, err
+
+
+def test_os_errors_name_the_file(tmp_path, capsys):
+    """An output path in a missing folder: one line that starts with the path, no Python error syntax."""
+    out = tmp_path / "missing-dir" / "static.bin"
+    assert main(["create", str(V("edge-rep5.i32")), "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"ngram-spec create: error: {out}: No such file or directory"

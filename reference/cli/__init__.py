@@ -62,6 +62,13 @@ def _register_unavailable(sub, module_name: str, missing: str) -> None:
         parser.set_defaults(func=unavailable)
 
 
+def _describe(exc: Exception) -> str:
+    """One line for the user: an OS error names its file first (``out/x.bin: No such file or directory``)."""
+    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        return f"{exc.filename}: {exc.strerror}"
+    return str(exc)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -71,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(exc, OSError) and exc.errno == errno.EPIPE:  # `ngram-spec ... | head`: not an error
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 0
-        print(f"ngram-spec {args.command}: error: {exc}", file=sys.stderr)
+        print(f"ngram-spec {args.command}: error: {_describe(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
