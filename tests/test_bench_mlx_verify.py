@@ -8,10 +8,8 @@ vendored reference BLAS, or OpenBLAS swapped in with ``LD_PRELOAD``.
 from __future__ import annotations
 
 import functools
-import os
 import random
 import statistics
-import sys
 import time
 
 import mlx.core as mx
@@ -19,6 +17,7 @@ import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
+from mlx_backend.cli import blas_in_use
 from mlx_backend.draft_policy import DraftPolicy
 from mlx_backend.generate import SpecStats, ngram_speculative_generate_step
 from mlx_backend.rollback import VerifyCache
@@ -34,24 +33,6 @@ SIZES = {
                   full_attention_interval=4),
 }
 S_VALUES = (1, 2, 3, 4, 6, 8, 12, 16)
-
-
-def blas_in_use() -> str:
-    """The BLAS behind mlx's ``cblas_sgemm``: OpenBLAS interposed with LD_PRELOAD, the reference BLAS
-    vendored by the mlx-cpu wheel, or Accelerate on macOS. (NumPy's own OpenBLAS uses suffixed
-    symbols and does not count.)"""
-    preload = os.environ.get("LD_PRELOAD", "")
-    if "openblas" in preload.lower():
-        return f"OpenBLAS via LD_PRELOAD={preload} (OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')})"
-    if sys.platform == "darwin":
-        return "Accelerate (macOS)"
-    try:
-        maps = open("/proc/self/maps").read()
-    except OSError:
-        maps = ""
-    if "mlx_cpu.libs/libblas" in maps:
-        return "reference (Netlib) BLAS vendored by mlx-cpu"
-    return "unknown"
 
 
 @functools.cache
