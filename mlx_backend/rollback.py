@@ -4,8 +4,12 @@ A verify forward runs the model over ``S`` tokens ``[last, d1..dk]``; afterwards
 ``m`` of them (``last`` and the accepted drafts) may stay in the cache. :class:`VerifyCache`
 runs such forwards and then :meth:`VerifyCache.keep` cuts every layer back to ``m`` tokens:
 
-* attention caches (``KVCache``, ``QuantizedKVCache``, a ``RotatingKVCache`` that does not wrap,
-  ...) are trimmed by ``S - m`` (their rows are offset-addressed);
+* attention caches (``KVCache``, ``QuantizedKVCache``, ``ChunkedKVCache``, ...) are trimmed by
+  ``S - m`` (their rows are offset-addressed);
+* a ``RotatingKVCache`` (sliding window, ``max_kv_size``), wrapped or not, is left untouched by the
+  verify forward: each query attends exactly the keys a one-token step at its position would see
+  (:func:`single_step_mask`), and ``keep(m)`` then writes the first m new rows one at a time with
+  mlx-lm's own one-token update, so the ring ends as m plain steps would leave it;
 * GatedDeltaNet layers (``qwen3_5``, ``qwen3_next``; cache ``ArraysCache(size=2)``) get
   ``cache[0]`` = the conv window ending at token m, ``conv_input[:, m : m + K - 1]``, and
   ``cache[1]`` = the recurrent state after token m.
@@ -28,10 +32,12 @@ depthwise conv is computed as shifted multiply-adds (:mod:`mlx_backend.conv`).
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 from mlx_lm.models import qwen3_5, qwen3_next
 from mlx_lm.models.cache import ArraysCache, RotatingKVCache
 try:
@@ -152,28 +158,118 @@ class _RecordingGDN:
         return self.out_proj(out.reshape(B, S, -1))
 
 
-_SUBCLASSES: dict[type, type] = {}
+_SUBCLASSES: dict[tuple[type, type], type] = {}
 
 
-def _recording_class(base: type) -> type:
-    if base not in _SUBCLASSES:
-        _SUBCLASSES[base] = type(f"Recording{base.__name__}", (_RecordingGDN, base),
-                                 {"_ngram_base": base})
-    return _SUBCLASSES[base]
+def _recording_class(base: type, mixin: type) -> type:
+    if (base, mixin) not in _SUBCLASSES:
+        _SUBCLASSES[base, mixin] = type(f"Recording{base.__name__}", (mixin, base), {"_ngram_base": base})
+    return _SUBCLASSES[base, mixin]
 
 
-def attach(layer: nn.Module) -> nn.Module:
-    """Give this GDN layer instance its recording subclass (idempotent; parameters unchanged)."""
-    if not isinstance(layer, _RecordingGDN):
-        layer.__class__ = _recording_class(type(layer))
-    return layer
+def attach(obj, mixin: type = _RecordingGDN):
+    """Give this instance (a GDN layer, a rotating cache) its recording subclass (idempotent;
+    parameters and state unchanged)."""
+    if not isinstance(obj, mixin):
+        obj.__class__ = _recording_class(type(obj), mixin)
+    return obj
 
 
-def detach(layer: nn.Module) -> None:
+def detach(obj) -> None:
     """Undo :func:`attach` on this instance."""
-    if isinstance(layer, _RecordingGDN):
-        layer._ngram_path = layer._ngram_record = None
-        layer.__class__ = layer._ngram_base
+    if hasattr(obj, "_ngram_base"):
+        for name in [k for k in vars(obj) if k.startswith("_ngram")]:
+            delattr(obj, name)
+        obj.__class__ = obj._ngram_base
+
+
+# -- rotating (sliding-window) KV caches --------------------------------------------------------
+
+def _row_positions(L: int, offset: int, keep: int, idx: int) -> np.ndarray:
+    """Token position held by each row a ``RotatingKVCache`` returns (its first ``min(offset, L)``
+    buffer rows), from its state: buffer length ``L``, ``offset``, ``keep``, write index ``_idx``.
+
+    Never wrapped (``offset <= L``): row r holds token r. Wrapped: rows ``< keep`` hold tokens
+    ``0..keep-1``, and the others, in mlx-lm's temporal order (rows ``_idx..L-1``, then
+    ``keep.._idx-1``), hold the last ``L - keep`` tokens.
+    """
+    r = np.arange(min(offset, L))
+    if offset <= L:
+        return r
+    t = r if idx >= L else np.where(r >= idx, keep + r - idx, L - idx + r)
+    return np.where(r < keep, r, offset - L + t)
+
+
+@functools.lru_cache(maxsize=256)
+def single_step_mask(L: int, offset: int, keep: int, max_size: int, idx: int,
+                     window_size: int | None, S: int) -> np.ndarray:
+    """``[S, n + S]`` bool: which keys query i of a verify forward may attend, for the ``n`` rows a
+    ``RotatingKVCache`` in this state returns followed by the S new rows, so that token
+    ``offset + i`` sees exactly the tokens a one-token decoding step at its position sees.
+
+    The rule is mlx-lm's own: a shadow ``RotatingKVCache`` whose rows hold token positions takes
+    the S one-token updates (``_update_in_place``) and gives the one-token masks (``make_mask``).
+    A multi-token forward through mlx-lm's ``_update_concat`` differs once the ring has wrapped
+    with ``keep > 0`` (it drops the kept rows for later queries and sees up to ``max_size + S - 1``
+    keys), which is why the verify forward does not use it.
+    """
+    positions = _row_positions(L, offset, keep, idx)
+    columns = np.concatenate([positions, offset + np.arange(S)])
+    shadow = RotatingKVCache(max_size, keep)
+    if L:
+        tags = np.zeros(L, np.float32)   # tag = position + 1; 0 marks a row never written
+        tags[:positions.size] = positions + 1
+        shadow.keys = shadow.values = mx.array(tags).reshape(1, 1, L, 1)
+        shadow.offset, shadow._idx = offset, idx
+    mask = np.zeros((S, columns.size), bool)
+    for i in range(S):
+        one = shadow.make_mask(1, window_size=window_size)
+        tag = mx.full((1, 1, 1, 1), offset + i + 1, mx.float32)
+        seen = np.array(shadow.update_and_fetch(tag, tag)[0]).reshape(-1)
+        if one is not None:
+            seen = seen[np.array(one).reshape(-1)]
+        seen = seen[seen > 0].astype(np.int64) - 1
+        mask[i] = np.isin(columns, seen)
+        if mask[i].sum() != seen.size:
+            raise RollbackUnsupported(f"RotatingKVCache(max_size={max_size}, keep={keep}) at offset "
+                                      f"{offset}: a one-token step would attend rows the cache no "
+                                      f"longer holds. Use draft_max=0 (--no-spec).")
+    return mask
+
+
+class _RecordingRotating:
+    """Mixin put in front of a ``RotatingKVCache``'s class, per instance (see :func:`attach`).
+
+    With ``_ngram_verify`` off every call is mlx-lm's. During a verify forward the cache is not
+    written: ``update_and_fetch`` returns its rows followed by the S new ones (kept for
+    :meth:`ngram_keep`) and ``make_mask`` gives :func:`single_step_mask`.
+    """
+
+    _ngram_verify = False
+    _ngram_new = None
+
+    def make_mask(self, N, window_size=None, return_array=False):
+        if not self._ngram_verify:
+            return super().make_mask(N, window_size=window_size, return_array=return_array)
+        L = 0 if self.keys is None else self.keys.shape[2]
+        return mx.array(single_step_mask(L, self.offset, self.keep, self.max_size, self._idx,
+                                         window_size, N))
+
+    def update_and_fetch(self, keys, values):
+        if not self._ngram_verify:
+            return super().update_and_fetch(keys, values)
+        self._ngram_new = (keys, values)
+        if self.keys is None:
+            return keys, values
+        old_keys, old_values = self.keys_and_values()
+        return mx.concatenate([old_keys, keys], axis=2), mx.concatenate([old_values, values], axis=2)
+
+    def ngram_keep(self, m: int) -> None:
+        """Write the first m rows of the last verify forward, one mlx-lm one-token update each."""
+        keys, values = self._ngram_new
+        self._ngram_new = None
+        for t in range(m):
+            super().update_and_fetch(keys[..., t:t + 1, :], values[..., t:t + 1, :])
 
 
 def _gdn_layer(layer: nn.Module):
@@ -203,6 +299,7 @@ class VerifyCache:
             raise ValueError(f"gdn_path must be one of {GDN_PATHS}, got {gdn_path!r}")
         self.model, self.cache, self.gdn_path = model, cache, gdn_path
         self.gdn: list[tuple[nn.Module, ArraysCache]] = []
+        self.rotating: list[RotatingKVCache] = []
         self.trimmed: list[Any] = []
         layers = list(getattr(model, "layers", []))
         for i, c in enumerate(cache):
@@ -219,68 +316,67 @@ class VerifyCache:
                     raise RollbackUnsupported(f"cache {i} is a batched ArraysCache (lengths / left "
                                               f"padding); speculative decoding runs batch size 1")
                 self.gdn.append((attach(layer), c))
+            elif isinstance(c, RotatingKVCache):
+                self.rotating.append(attach(c, _RecordingRotating))
             elif hasattr(c, "trim") and c.is_trimmable():
                 self.trimmed.append(c)
             else:
                 raise RollbackUnsupported(
-                    f"cache {i} ({type(c).__name__}) cannot be trimmed"
-                    + (" (a RotatingKVCache that already wrapped)" if isinstance(c, RotatingKVCache) else "")
-                    + ", so rejected drafts cannot be removed. Use a full KVCache "
-                    "(max_kv_size=None, no --max-kv-size) or draft_max=0 (--no-spec).")
+                    f"cache {i} ({type(c).__name__}) cannot be trimmed, so rejected drafts cannot "
+                    f"be removed. Use draft_max=0 (--no-spec).")
         self.S = 0
-
-    def check_room(self, S: int) -> None:
-        """Raise if a verify forward of ``S`` tokens would evict rows of a rotating cache."""
-        for c in self.trimmed:
-            if isinstance(c, RotatingKVCache) and c.offset + S > c.max_size:
-                raise RollbackUnsupported(
-                    f"RotatingKVCache(max_size={c.max_size}) holds {c.offset} tokens; verifying "
-                    f"{S} more would overwrite its window, which cannot be undone. Use a full "
-                    f"KVCache (max_kv_size=None, no --max-kv-size) or draft_max=0 (--no-spec).")
+        self.recorded = False
 
     def forward(self, tokens, record: bool | None = None) -> mx.array:
         """Logits ``[S, vocab]`` of the model over ``tokens``, recording what :meth:`keep` needs.
 
         ``record`` defaults to ``S > 1``: a 1-token forward (nothing to verify) runs mlx-lm's own
-        layer code and can then only be kept whole (``keep(1)``).
+        layer and cache code and can then only be kept whole (``keep(1)``).
         """
         tokens = mx.array(tokens, dtype=mx.uint32) if not isinstance(tokens, mx.array) else tokens
         S = tokens.size
-        self.check_room(S)
         record = S > 1 if record is None else record
         for layer, _ in self.gdn:
             attach(layer)
             layer._ngram_path = self.gdn_path if record else None
             layer._ngram_record = None
+        for c in self.rotating:
+            attach(c, _RecordingRotating)
+            c._ngram_verify = record
         try:
             logits = self.model(tokens.reshape(1, S), cache=self.cache)
         finally:
             for layer, _ in self.gdn:
                 layer._ngram_path = None
-        self.S = S
+            for c in self.rotating:
+                c._ngram_verify = False
+        self.S, self.recorded = S, record
         return logits[0]
 
     def keep(self, m: int) -> None:
         """Cut every layer back to the first ``m`` tokens of the last :meth:`forward`."""
         if not 0 <= m <= self.S:
             raise ValueError(f"keep(m) needs 0 <= m <= S = {self.S}, got {m}")
+        if m < self.S and not self.recorded:
+            raise ValueError("keep(m < S) needs a forward with record=True")
         if m < self.S:
             for c in self.trimmed:
                 c.trim(self.S - m)
             for layer, c in self.gdn:
                 rec = layer._ngram_record
-                if rec is None:
-                    raise ValueError("keep(m < S) needs a forward with record=True")
                 K = layer.conv_kernel_size
                 c[0] = mx.contiguous(rec.conv_input[:, m:m + K - 1])
                 c[1] = rec.state_after(m, layer)
+        if self.recorded:
+            for c in self.rotating:
+                c.ngram_keep(m)
         for layer, _ in self.gdn:
             layer._ngram_record = None
-        self.S = 0
+        self.S, self.recorded = 0, False
 
     def close(self) -> None:
-        """Give the GDN layers back their own class."""
-        _detach_all([layer for layer, _ in self.gdn])
+        """Give the GDN layers and the rotating caches back their own class."""
+        _detach_all([layer for layer, _ in self.gdn] + self.rotating)
 
 
 def _detach_all(layers) -> None:

@@ -1,6 +1,6 @@
 """Tiny random mlx-lm models built in memory (no files), for tests and benchmarks.
 
-The models are the real mlx-lm classes (``qwen3_5``, ``qwen3_next``, ``llama``) with tiny
+The models are the real mlx-lm classes (:data:`ARCHITECTURES`, :data:`WINDOWED`) with tiny
 dimensions and seeded random weights; :func:`tiny_model` is all a test needs.
 
 >>> model = tiny_model("qwen3_5", seed=0)
@@ -18,7 +18,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 
-ARCHITECTURES = ("qwen3_5", "qwen3_next", "llama")
+ARCHITECTURES = ("qwen3_5", "qwen3_next", "llama")   # the full-attention and hybrid models
+WINDOWED = ("gemma3_text", "ministral3", "llama4")     # sliding-window and chunked attention
 
 _COMMON = dict(hidden_size=32, intermediate_size=64, num_attention_heads=2,
                num_key_value_heads=1, rms_norm_eps=1e-6)
@@ -37,20 +38,35 @@ CONFIGS = {
                        partial_rotary_factor=0.5, max_position_embeddings=4096),
     "llama": dict(model_type="llama", **_COMMON, num_hidden_layers=2, head_dim=16,
                   tie_word_embeddings=True),
+    # sliding-window attention (RotatingKVCache): local layers, then one global layer
+    "gemma3_text": dict(model_type="gemma3_text", **_COMMON, num_hidden_layers=3, head_dim=16,
+                        query_pre_attn_scalar=16, sliding_window=8, sliding_window_pattern=3),
+    "ministral3": dict(model_type="ministral3", **_COMMON, num_hidden_layers=2, head_dim=16,
+                       layer_types=["sliding_attention", "full_attention"], sliding_window=8,
+                       rope_parameters={"rope_theta": 10000.0, "llama_4_scaling_beta": 0.1,
+                                        "original_max_position_embeddings": 4096}),
+    # chunked attention (ChunkedKVCache) in 3 of every 4 layers
+    "llama4": dict(model_type="llama4", text_config=dict(
+        model_type="llama4_text", **_COMMON, num_hidden_layers=4, head_dim=16, attention_bias=False,
+        attention_chunk_size=8, interleave_moe_layer_step=2, intermediate_size_mlp=64,
+        max_position_embeddings=4096, num_experts_per_tok=1, num_local_experts=2,
+        rope_scaling=None, rope_theta=10000.0, use_qk_norm=True)),
 }
 
 
 def tiny_model(arch: str, *, vocab_size: int = 64, seed: int = 0, dtype=mx.float32,
                logit_scale: float = 4.0, **overrides) -> nn.Module:
-    """A random ``arch`` model (one of :data:`ARCHITECTURES`) from mlx-lm's own ``Model`` class.
+    """A random ``arch`` model (one of :data:`ARCHITECTURES` or :data:`WINDOWED`) from mlx-lm's own ``Model`` class.
 
     Weights are drawn with ``mx.random.seed(seed)``; ``logit_scale`` multiplies the output
     embedding so the random model's next-token distribution is peaked rather than flat
     (fewer near-ties in greedy decoding). ``overrides`` change config fields.
     """
     if arch not in CONFIGS:
-        raise ValueError(f"unknown architecture {arch!r}; choose one of {ARCHITECTURES}")
+        raise ValueError(f"unknown architecture {arch!r}; choose one of {ARCHITECTURES + WINDOWED}")
     config = {**CONFIGS[arch], "vocab_size": vocab_size, **overrides}
+    if "text_config" in config:
+        config["text_config"] = {**config["text_config"], "vocab_size": vocab_size}
     module = importlib.import_module(f"mlx_lm.models.{arch}")
     mx.random.seed(seed)
     model = module.Model(module.ModelArgs.from_dict(config))

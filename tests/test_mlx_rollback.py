@@ -89,22 +89,18 @@ def test_keep_out_of_range():
         vc.keep(4)
 
 
-def test_rotating_cache_that_would_wrap_is_refused_by_name():
+def test_rotating_cache_wrapping_during_verify_and_already_wrapped_equal_plain_greedy():
+    """A RotatingKVCache that wraps inside a verify forward, or had wrapped before it, is rolled
+    back exactly (more in test_mlx_windowed.py)."""
     model = model_of("llama")
-    cache = [RotatingKVCache(max_size=8, keep=0) for _ in model.layers]
-    gen = ngram_speculative_generate_step(mx.array([1, 2, 3, 4, 5, 6]), model, prompt_cache=cache,
-                                          max_tokens=10, draft_max=4,
-                                          drafter=ScriptedDrafter([1] * 20, [(4, None)]))
-    with pytest.raises(RollbackUnsupported, match=r"RotatingKVCache\(max_size=8\).*max_kv_size=None.*draft_max=0"):
-        list(gen)
-
-
-def test_rotating_cache_that_already_wrapped_is_refused():
-    model = model_of("llama")
-    cache = [RotatingKVCache(max_size=4, keep=0) for _ in model.layers]
-    model(mx.array([list(range(10))]), cache=cache)
-    with pytest.raises(RollbackUnsupported, match="RotatingKVCache that already wrapped.*draft_max=0"):
-        next(ngram_speculative_generate_step(mx.array([1, 2]), model, prompt_cache=cache, draft_max=2))
+    for prompt in ([1, 2, 3, 4, 5, 6], list(range(10))):
+        fresh = lambda: [RotatingKVCache(max_size=8, keep=0) for _ in model.layers]
+        ref = [int(t) for t, _ in generate_step(mx.array(prompt), model, max_tokens=10,
+                                                sampler=argmax_sampler, prompt_cache=fresh())]
+        spec = [t for t, _, _ in ngram_speculative_generate_step(
+            mx.array(prompt), model, prompt_cache=fresh(), max_tokens=10, draft_max=4,
+            drafter=ScriptedDrafter(ref, [(4, None), (4, 1)]))]
+        assert spec == ref
 
 
 def test_rotating_cache_with_room_and_draft_max_zero_work():
