@@ -89,7 +89,7 @@ def ngram_speculative_generate_step(
     sampler: Optional[Callable[[mx.array], mx.array]] = None,
     logits_processors: Optional[list[Callable]] = None,
     prompt_cache: Optional[list[Any]] = None,
-    prefill_step_size: int = 512,
+    prefill_step_size: int = 2048,   # mlx-lm generate_step's: prompt chunks matter once a window wraps
     draft_max: Optional[int] = None,
     drafter=None,
     c_st=None,
