@@ -1,4 +1,5 @@
-"""Exact rollback of an mlx-lm prompt cache after a verify forward, without a second forward.
+"""Exact rollback of an mlx-lm prompt cache after a verify forward (a second forward only for
+caches of unknown recurrent layers).
 
 A verify forward runs the model over ``S`` tokens ``[last, d1..dk]``; afterwards only the first
 ``m`` of them (``last`` and the accepted drafts) may stay in the cache. :class:`VerifyCache`
@@ -10,9 +11,13 @@ runs such forwards and then :meth:`VerifyCache.keep` cuts every layer back to ``
   verify forward: each query attends exactly the keys a one-token step at its position would see
   (:func:`single_step_mask`), and ``keep(m)`` then writes the first m new rows one at a time with
   mlx-lm's own one-token update, so the ring ends as m plain steps would leave it;
-* GatedDeltaNet layers (``qwen3_5``, ``qwen3_next``; cache ``ArraysCache(size=2)``) get
-  ``cache[0]`` = the conv window ending at token m, ``conv_input[:, m : m + K - 1]``, and
-  ``cache[1]`` = the recurrent state after token m.
+* GatedDeltaNet layers recognised by what they compute (:func:`gdn_projections`: qwen3_5,
+  qwen3_5_moe, qwen3_next; cache ``ArraysCache(size=2)``) get ``cache[0]`` = the conv window
+  ending at token m, ``conv_input[:, m : m + K - 1]``, and ``cache[1]`` = the recurrent state
+  after token m;
+* every other cache (``ArraysCache`` of Mamba / SSM / other linear-attention / conv layers, custom
+  cache classes) is snapshotted before the verify forward; ``keep(m < S)`` puts every layer back
+  to before it and re-runs the first m tokens (a second forward over m tokens).
 
 For the recurrent state there are two paths (:data:`GDN_PATHS`):
 
@@ -39,7 +44,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 from mlx_lm.models import qwen3_5, qwen3_next
-from mlx_lm.models.cache import ArraysCache, RotatingKVCache
+from mlx_lm.models.cache import ArraysCache, CacheList, RotatingKVCache
 try:
     from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk
 except ImportError as exc:   # normalize_qk arrived in mlx-lm 0.32
@@ -62,7 +67,7 @@ def default_gdn_path() -> str:
     return "replay" if on_metal else "states"
 
 
-# -- the GatedDeltaNet layers we know: how each computes (qkv, z, b, a) from its input ---------
+# -- the GatedDeltaNet layouts the recorder knows, by the modules a layer has (not its class) ----
 
 def _qwen3_5_projections(layer, x):
     B, S, _ = x.shape
@@ -77,10 +82,59 @@ def _qwen3_next_projections(layer, x):
     return qkv, z, b, a
 
 
-PROJECTIONS: dict[type, Callable] = {
-    qwen3_5.GatedDeltaNet: _qwen3_5_projections,
-    qwen3_next.Qwen3NextGatedDeltaNet: _qwen3_next_projections,
+_GDN_MODULES = ("conv1d", "A_log", "dt_bias", "norm", "out_proj", "conv_kernel_size", "conv_dim",
+                "key_dim", "num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim")
+#: How a GatedDeltaNet layout computes ``(qkv, z, b, a)``, keyed by the projection modules it has
+#: (qwen3_5 / qwen3_5_moe: separate projections; qwen3_next: fused qkvz and ba).
+PROJECTIONS: dict[tuple[str, ...], Callable] = {
+    ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"): _qwen3_5_projections,
+    ("in_proj_qkvz", "in_proj_ba", "fix_query_key_value_ordering"): _qwen3_next_projections,
 }
+_RECORDABLE: dict[type, Callable | None] = {}   # per layer class: its projections, or None
+
+
+def _input_dims(linear) -> int:
+    """Input width of an ``nn.Linear`` or ``nn.QuantizedLinear``."""
+    w = linear.weight.shape[-1]
+    return w * 32 // linear.bits if hasattr(linear, "bits") else w
+
+
+def gdn_projections(layer) -> Callable | None:
+    """The projections of a GatedDeltaNet layer the recorder can run, else None.
+
+    A layer qualifies by what it computes, not by its class name: it has the modules of a layout
+    in :data:`PROJECTIONS`, and (checked once per class, on a random 4-token input from an empty
+    state) the recording forward gives mlx-lm's own output, conv window and recurrent state.
+    """
+    base = getattr(layer, "_ngram_base", type(layer))
+    if base not in _RECORDABLE:
+        _RECORDABLE[base] = None
+        for names, projections in PROJECTIONS.items():
+            if all(hasattr(layer, n) for n in names + _GDN_MODULES):
+                recorder = _recording_class(base, _RecordingGDN)
+                recorder._ngram_projections = staticmethod(projections)
+                if _records_exactly(layer, base, recorder, _input_dims(getattr(layer, names[0]))):
+                    _RECORDABLE[base] = projections
+                break
+    return _RECORDABLE[base]
+
+
+def _records_exactly(layer, base: type, recorder: type, dims: int) -> bool:
+    x = mx.random.normal((1, 4, dims), key=mx.random.key(0))
+    own, rec = ArraysCache(size=2), ArraysCache(size=2)
+    saved = layer.__class__
+    try:
+        y = base.__call__(layer, x, None, own)
+        layer.__class__ = recorder
+        layer._ngram_path = "states"
+        y_rec = layer(x, None, rec)
+        pairs = [(y, y_rec), (own[0], rec[0]), (own[1], rec[1])]
+        return all(a.shape == b.shape and mx.allclose(a, b, rtol=1e-2, atol=1e-3).item() for a, b in pairs)
+    except Exception:   # a layer with these modules that computes something else
+        return False
+    finally:
+        layer.__class__ = saved
+        layer._ngram_path = layer._ngram_record = None
 
 
 class _Recording:
@@ -124,7 +178,7 @@ class _RecordingGDN:
             raise RollbackUnsupported("verify forward of a GatedDeltaNet layer needs batch size 1, "
                                       "no padding mask, a cache and no sharding")
         B, S, _ = inputs.shape
-        qkv, z, b, a = PROJECTIONS[self._ngram_base](self, inputs)
+        qkv, z, b, a = self._ngram_projections(self, inputs)
         K = self.conv_kernel_size
         conv_state = cache[0] if cache[0] is not None else mx.zeros((B, K - 1, self.conv_dim), inputs.dtype)
         conv_input = mx.concatenate([conv_state, qkv], axis=1)
@@ -278,6 +332,30 @@ def _gdn_layer(layer: nn.Module):
     return module if isinstance(module, nn.Module) else None
 
 
+def _snapshot(value):
+    """A copy of ``value`` that later in-place writes to its arrays do not reach (arrays get new
+    handles; lists, tuples and dicts are copied; other values are kept)."""
+    if isinstance(value, mx.array):
+        return mx.array(value)
+    if type(value) in (list, tuple):
+        return type(value)(_snapshot(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _snapshot(v) for k, v in value.items()}
+    return value
+
+
+def _state_layer_name(layer: nn.Module | None) -> str:
+    """Class name of the sub-module of a decoder layer that holds recurrent state (for reports)."""
+    if layer is None:
+        return "unknown layer"
+    for name in ("linear_attn", "mixer", "mamba", "temporal_block", "conv", "attn", "attention",
+                 "self_attn", "time_mixer"):
+        module = getattr(layer, name, None)
+        if isinstance(module, nn.Module):
+            return type(module).__name__
+    return type(layer).__name__
+
+
 class VerifyCache:
     """A model and its prompt cache, for verify forwards that can be cut back to any prefix.
 
@@ -301,31 +379,33 @@ class VerifyCache:
         self.gdn: list[tuple[nn.Module, ArraysCache]] = []
         self.rotating: list[RotatingKVCache] = []
         self.trimmed: list[Any] = []
+        self.replayed: list[Any] = []           # restored from a snapshot and re-run (see keep)
+        self.replayed_layers: set[str] = set()   # what they hold, for reports
         layers = list(getattr(model, "layers", []))
-        for i, c in enumerate(cache):
-            if isinstance(c, ArraysCache):
-                layer = _gdn_layer(layers[i]) if len(layers) == len(cache) else None
-                if layer is None or not isinstance(layer, tuple(PROJECTIONS)):
-                    kind = type(layer).__name__ if layer is not None else "unknown layer"
-                    raise RollbackUnsupported(
-                        f"cache {i} is an ArraysCache of {kind} ({type(model).__module__}): its "
-                        f"recurrent state cannot be cut back to a prefix of a verify forward "
-                        f"(supported: qwen3_5 / qwen3_next GatedDeltaNet). "
-                        f"Use draft_max=0 (--no-spec) for this model.")
-                if c.lengths is not None or c.left_padding is not None:
-                    raise RollbackUnsupported(f"cache {i} is a batched ArraysCache (lengths / left "
-                                              f"padding); speculative decoding runs batch size 1")
-                self.gdn.append((attach(layer), c))
-            elif isinstance(c, RotatingKVCache):
-                self.rotating.append(attach(c, _RecordingRotating))
-            elif hasattr(c, "trim") and c.is_trimmable():
-                self.trimmed.append(c)
-            else:
-                raise RollbackUnsupported(
-                    f"cache {i} ({type(c).__name__}) cannot be trimmed, so rejected drafts cannot "
-                    f"be removed. Use draft_max=0 (--no-spec).")
+        for i, top in enumerate(cache):
+            layer = layers[i] if len(layers) == len(cache) else None
+            for c in (top.caches if isinstance(top, CacheList) else [top]):
+                if isinstance(c, ArraysCache):
+                    if c.lengths is not None or c.left_padding is not None:
+                        raise RollbackUnsupported(f"cache {i} is a batched ArraysCache (lengths / left "
+                                                  f"padding); speculative decoding runs batch size 1")
+                    gdn = _gdn_layer(layer) if layer is not None else None
+                    if gdn is not None and gdn_projections(gdn) is not None:
+                        self.gdn.append((attach(gdn), c))
+                    else:
+                        self.replayed.append(c)
+                        self.replayed_layers.add(_state_layer_name(layer))
+                elif isinstance(c, RotatingKVCache):
+                    self.rotating.append(attach(c, _RecordingRotating))
+                elif hasattr(c, "trim") and c.is_trimmable():
+                    self.trimmed.append(c)
+                else:
+                    self.replayed.append(c)
+                    self.replayed_layers.add(type(c).__name__)
         self.S = 0
         self.recorded = False
+        self.tokens = self.checkpoint = None
+        self.n_replays = 0
 
     def forward(self, tokens, record: bool | None = None) -> mx.array:
         """Logits ``[S, vocab]`` of the model over ``tokens``, recording what :meth:`keep` needs.
@@ -343,6 +423,8 @@ class VerifyCache:
         for c in self.rotating:
             attach(c, _RecordingRotating)
             c._ngram_verify = record
+        if record and self.replayed:
+            self.tokens, self.checkpoint = tokens, [_snapshot(vars(c)) for c in self.replayed]
         try:
             logits = self.model(tokens.reshape(1, S), cache=self.cache)
         finally:
@@ -354,11 +436,32 @@ class VerifyCache:
         return logits[0]
 
     def keep(self, m: int) -> None:
-        """Cut every layer back to the first ``m`` tokens of the last :meth:`forward`."""
+        """Cut every layer back to the first ``m`` tokens of the last :meth:`forward`.
+
+        Caches neither trimmed, recorded nor rotating (:attr:`replayed`: recurrent layers the GDN
+        recorder does not know, other cache types) are exact too, at the cost of a second forward:
+        for ``m < S`` every layer goes back to before the forward (those caches to the snapshot of
+        their attributes taken before it) and the model re-runs the first m tokens.
+        """
         if not 0 <= m <= self.S:
             raise ValueError(f"keep(m) needs 0 <= m <= S = {self.S}, got {m}")
         if m < self.S and not self.recorded:
             raise ValueError("keep(m < S) needs a forward with record=True")
+        if m < self.S and self.replayed:
+            tokens = self.tokens
+            self._cut(0)
+            for c, saved in zip(self.replayed, self.checkpoint):
+                vars(c).update(saved)
+            self.tokens = self.checkpoint = None
+            if m:
+                self.n_replays += 1
+                self.forward(tokens[:m])
+                self.keep(m)
+            return
+        self._cut(m)
+        self.tokens = self.checkpoint = None
+
+    def _cut(self, m: int) -> None:
         if m < self.S:
             for c in self.trimmed:
                 c.trim(self.S - m)

@@ -58,9 +58,8 @@ def tiny_model(arch: str, *, vocab_size: int = 64, seed: int = 0, dtype=mx.float
                logit_scale: float = 4.0, **overrides) -> nn.Module:
     """A random ``arch`` model (one of :data:`ARCHITECTURES` or :data:`WINDOWED`) from mlx-lm's own ``Model`` class.
 
-    Weights are drawn with ``mx.random.seed(seed)``; ``logit_scale`` multiplies the output
-    embedding so the random model's next-token distribution is peaked rather than flat
-    (fewer near-ties in greedy decoding). ``overrides`` change config fields.
+    Weights are drawn with ``mx.random.seed(seed)`` (:func:`randomize`). ``overrides`` change
+    config fields.
     """
     if arch not in CONFIGS:
         raise ValueError(f"unknown architecture {arch!r}; choose one of {ARCHITECTURES + WINDOWED}")
@@ -70,10 +69,20 @@ def tiny_model(arch: str, *, vocab_size: int = 64, seed: int = 0, dtype=mx.float
     module = importlib.import_module(f"mlx_lm.models.{arch}")
     mx.random.seed(seed)
     model = module.Model(module.ModelArgs.from_dict(config))
-    # mlx-lm's random init leaves GDN decay/gates in a narrow range; redraw every weight so
-    # states, gates and convolutions all carry signal, then sharpen the output layer.
-    params = tree_map(lambda p: mx.random.normal(p.shape) * (p.shape[-1] ** -0.5)
-                      if p.ndim > 1 else mx.random.uniform(-1, 1, p.shape), model.parameters())
+    return randomize(model, logit_scale=logit_scale, dtype=dtype)
+
+
+def randomize(model: nn.Module, *, logit_scale: float = 4.0, dtype=mx.float32) -> nn.Module:
+    """Redraw every floating-point weight of ``model`` from the global mlx seed and sharpen its output.
+
+    mlx-lm's random init leaves GDN decay/gates in a narrow range; matrices become normal with
+    variance 1 / fan-in, vectors uniform in [-1, 1], so states, gates and convolutions all carry
+    signal; ``logit_scale`` multiplies the output layer so the next-token distribution is peaked
+    rather than flat (fewer near-ties in greedy decoding).
+    """
+    params = tree_map(lambda p: p if not mx.issubdtype(p.dtype, mx.floating) else
+                      mx.random.normal(p.shape) * (p.shape[-1] ** -0.5) if p.ndim > 1
+                      else mx.random.uniform(-1, 1, p.shape), model.parameters())
     model.update(params)
     out = _output_layer(model)
     out.weight = out.weight * logit_scale
@@ -84,10 +93,15 @@ def tiny_model(arch: str, *, vocab_size: int = 64, seed: int = 0, dtype=mx.float
 
 
 def _output_layer(model: nn.Module) -> nn.Module:
-    """The module whose weight produces the logits: ``lm_head``, else the tied ``embed_tokens``."""
+    """The module whose weight produces the logits: ``lm_head`` (or another output head's name),
+    else the tied input embedding (``embed_tokens``, ``embeddings``, ``wte``, ...)."""
     modules = dict(tree_flatten(model.leaf_modules(), is_leaf=lambda m: isinstance(m, nn.Module)))
-    for suffix in ("lm_head", "embed_tokens"):
+    for suffix in _OUTPUT_NAMES:
         for name, module in modules.items():
-            if name.endswith(suffix):
+            if name.split(".")[-1] == suffix and hasattr(module, "weight"):
                 return module
-    raise ValueError("model has neither lm_head nor embed_tokens")
+    raise ValueError(f"model has no output layer named one of {_OUTPUT_NAMES}")
+
+
+_OUTPUT_NAMES = ("lm_head", "output", "embed_out", "embed_tokens", "embeddings", "wte",
+                 "tok_embeddings", "word_embeddings", "embedding", "emb")

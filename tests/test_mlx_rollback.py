@@ -3,6 +3,8 @@ the first m tokens had been processed (both GDN paths, forced on CPU), and unsup
 with an error naming the cache and the option that avoids it."""
 from __future__ import annotations
 
+import functools
+
 import mlx.core as mx
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -12,7 +14,9 @@ from mlx_lm.models.cache import (ArraysCache, KVCache, QuantizedKVCache, Rotatin
                                  _BaseCache, make_prompt_cache)
 
 from mlx_backend.generate import ngram_speculative_generate_step
-from mlx_backend.rollback import GDN_PATHS, RollbackUnsupported, VerifyCache, default_gdn_path
+from mlx_backend.compat import build
+from mlx_backend.rollback import (GDN_PATHS, RollbackUnsupported, VerifyCache, default_gdn_path,
+                                  gdn_projections)
 from mlx_backend.tiny_mlx import ARCHITECTURES, tiny_model
 
 from test_mlx_generate import ScriptedDrafter, argmax_sampler, assert_greedy_equal, model_of, plain_greedy
@@ -132,21 +136,81 @@ def test_quantized_kv_cache_is_trimmed_exactly():
     assert_greedy_equal([int(t) for t, _ in ref], [l for _, l in ref], spec)
 
 
-class OpaqueCache(_BaseCache):
-    """A cache type the rollback does not know (not trimmable)."""
+class OpaqueCache(KVCache):
+    """A cache type the rollback does not know: not trimmable, its state in attributes."""
+
+    def is_trimmable(self):
+        return False
 
 
-def test_untrimmable_cache_is_refused_by_name():
+def test_untrimmable_cache_is_snapshotted_and_replayed():
     model = model_of("llama")
-    with pytest.raises(RollbackUnsupported, match="cache 0 .OpaqueCache. cannot be trimmed.*draft_max=0"):
-        VerifyCache(model, [OpaqueCache(), KVCache()])
+    prompt = [3, 4, 5, 3, 4, 5, 3]
+    ref = [int(t) for t, _ in generate_step(mx.array(prompt), model, max_tokens=12, sampler=argmax_sampler)]
+    cache = [OpaqueCache() for _ in model.layers]
+    vc = VerifyCache(model, cache)
+    assert vc.replayed == cache and vc.replayed_layers == {"OpaqueCache"}
+    vc.close()
+    spec = [t for t, _, _ in ngram_speculative_generate_step(
+        mx.array(prompt), model, max_tokens=12, draft_max=4, prompt_cache=cache,
+        drafter=ScriptedDrafter(ref, [(4, 0), (4, 2), (4, None)]))]
+    assert spec == ref
 
 
-def test_arrays_cache_of_unknown_layer_is_refused():
-    """An ArraysCache whose layer is not a supported GatedDeltaNet (e.g. a Mamba block)."""
-    model = model_of("llama")     # its layers have no linear_attn
-    with pytest.raises(RollbackUnsupported, match="ArraysCache of unknown layer.*draft_max=0"):
-        VerifyCache(model, [ArraysCache(size=2), KVCache()])
+@functools.cache
+def recurrent_model(arch):
+    return build(arch, seed=1)
+
+
+@pytest.mark.parametrize("arch", ["mamba", "olmo_hybrid"])
+@settings(max_examples=5, deadline=None)
+@given(prompt=st.lists(st.integers(0, 63), min_size=1, max_size=12),
+       verify=st.lists(st.integers(0, 63), min_size=2, max_size=7), data=st.data())
+def test_unknown_recurrent_layers_are_restored_and_replayed(arch, prompt, verify, data):
+    """Recurrent layers the GDN recorder does not know (Mamba, olmo_hybrid's GatedDeltaNet) are
+    checkpointed before the verify forward; keep(m < S) restores them and re-runs m tokens."""
+    m = data.draw(st.integers(0, len(verify)), label="m")
+    model = recurrent_model(arch)
+    cache = make_prompt_cache(model)
+    model(mx.array([prompt]), cache=cache)
+    vc = VerifyCache(model, cache)
+    assert vc.replayed and not vc.gdn
+    vc.forward(verify)
+    vc.keep(m)
+    assert vc.n_replays == (0 < m < len(verify))
+    vc.close()
+    ref = make_prompt_cache(model)
+    model(mx.array([prompt + verify[:m]]), cache=ref)
+    nxt = model(mx.array([[5, 6]]), cache=cache)
+    assert mx.allclose(nxt, model(mx.array([[5, 6]]), cache=ref), atol=ATOL).item()
+
+
+def test_gdn_layer_is_recorded_only_if_it_computes_what_the_recorder_computes():
+    """Recognition is by computation: a layer with qwen3_5's modules whose forward differs
+    (here: output doubled) is not recorded but replayed, and still exact."""
+    from mlx_lm.models import qwen3_5
+
+    class Doubled(qwen3_5.GatedDeltaNet):
+        def __call__(self, inputs, mask=None, cache=None):
+            return 2 * super().__call__(inputs, mask, cache)
+
+    model = tiny_model("qwen3_5", seed=4)
+    own = model.layers[0].linear_attn
+    assert gdn_projections(own) is not None
+    own.__class__ = Doubled
+    try:
+        assert gdn_projections(own) is None
+        prompt = [1, 2, 3, 1, 2, 3, 1]
+        ref = [int(t) for t, _ in generate_step(mx.array(prompt), model, max_tokens=12, sampler=argmax_sampler)]
+        vc = VerifyCache(model, make_prompt_cache(model))
+        assert len(vc.gdn) == 1 and vc.replayed_layers == {"Doubled"}   # layer 2 is recorded
+        vc.close()
+        spec = [t for t, _, _ in ngram_speculative_generate_step(
+            mx.array(prompt), model, max_tokens=12, draft_max=4,
+            drafter=ScriptedDrafter(ref, [(4, 1), (4, None)]))]
+        assert spec == ref
+    finally:
+        own.__class__ = qwen3_5.GatedDeltaNet
 
 
 def test_batched_arrays_cache_is_refused():
