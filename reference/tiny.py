@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-ARCHS = ("qwen3_5", "qwen3_next", "llama")
+ARCHS = ("qwen3_5", "qwen3_next", "llama", "llama_sliding")
 VOCAB_SIZE = 260
 SPECIAL_TOKENS = {"<|endoftext|>": 256, "<|im_start|>": 257, "<|im_end|>": 258}
 EOS_TOKEN_ID = 256
@@ -52,6 +52,10 @@ TINY_CONFIGS = {
                        norm_topk_prob=True),
     # Llama / SmolLM2 family: attention only, grouped KV heads, tied embeddings.
     "llama": dict(_COMMON, model_type="llama", num_hidden_layers=2, rope_theta=10000.0, tie_word_embeddings=True),
+    # Llama with sliding-window layers (mistral / gemma style): two layers see the last 4 tokens, one all.
+    "llama_sliding": dict(_COMMON, model_type="llama", num_hidden_layers=3, rope_theta=10000.0,
+                          tie_word_embeddings=True, sliding_window=4,
+                          layer_types=["sliding_attention", "sliding_attention", "full_attention"]),
 }
 
 

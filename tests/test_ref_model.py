@@ -71,6 +71,12 @@ def test_logits_and_state_match_mlx_lm(arch, seed):
         if isinstance(ours_l, RecurrentState):
             np.testing.assert_allclose(ours_l.conv, np.array(theirs_l[0])[0], rtol=0, atol=STATE_ATOL)
             np.testing.assert_allclose(ours_l.recurrent, np.array(theirs_l[1])[0], rtol=0, atol=STATE_ATOL)
+        elif hasattr(theirs_l, "_temporal_order"):   # a sliding-window layer's ring: its last rows
+            assert isinstance(ours_l, KVState) and ours_l.offset == theirs_l.offset == sum(CHUNKS)
+            keys, values = (np.array(theirs_l._temporal_order(a))[0] for a in theirs_l.state[:2])
+            assert theirs_l.max_size <= keys.shape[1] < sum(CHUNKS)
+            np.testing.assert_allclose(ours_l.keys[:, -keys.shape[1]:], keys, rtol=0, atol=STATE_ATOL)
+            np.testing.assert_allclose(ours_l.values[:, -keys.shape[1]:], values, rtol=0, atol=STATE_ATOL)
         else:
             assert isinstance(ours_l, KVState) and ours_l.offset == theirs_l.offset == sum(CHUNKS)
             keys, values = (np.array(a)[0] for a in theirs_l.state[:2])
@@ -115,11 +121,14 @@ def configs(draw):
     n_heads = draw(st.sampled_from([2, 4]))
     # hybrid stacks need both layer kinds: mlx-lm indexes the cache of its first attention layer
     # (full_attention_interval - 1) and of layer 0 as a GatedDeltaNet one
-    n_layers = draw(st.integers(1 if arch == "llama" else 2, 4))
+    n_layers = draw(st.integers(1 if arch.startswith("llama") else 2, 4))
     c = dict(hidden_size=draw(st.sampled_from([32, 48])), num_hidden_layers=n_layers, num_attention_heads=n_heads,
              num_key_value_heads=draw(st.sampled_from([k for k in (1, 2, 4) if n_heads % k == 0])),
              head_dim=draw(st.sampled_from([8, 16])), intermediate_size=draw(st.sampled_from([40, 64])))
-    if arch != "llama":
+    if arch == "llama_sliding":   # mlx-lm needs one full-attention layer; windows shorter than the prompt
+        c.update(layer_types=["sliding_attention"] * (n_layers - 1) + ["full_attention"],
+                 sliding_window=draw(st.integers(1, 12)))
+    elif arch != "llama":
         n_k = draw(st.integers(1, 2))
         c.update(linear_num_key_heads=n_k, linear_num_value_heads=n_k * draw(st.integers(1, 3)),
                  linear_key_head_dim=draw(st.sampled_from([8, 16])),

@@ -78,7 +78,8 @@ def register(subparsers) -> None:
                     "--seed gives the same weights. Token ids 0..255 are UTF-8 bytes; 256 is <|endoftext|>.\n\n"
                     "example: ngram-spec tiny-model --arch qwen3_next --seed 1 --out tiny-next")
     p.add_argument("--arch", choices=ARCHS, required=True,
-                   help="qwen3_5 / qwen3_next: hybrid GatedDeltaNet + attention; llama: attention only")
+                   help="qwen3_5 / qwen3_next: hybrid GatedDeltaNet + attention; llama: attention only; "
+                        "llama_sliding: llama with sliding-window layers (the last 4 tokens)")
     p.add_argument("--seed", type=int, default=0, help="random seed of the weights (default: %(default)s)")
     p.add_argument("-o", "--out", required=True, metavar="DIR", help="directory to write (created if needed)")
     p.set_defaults(func=cmd_tiny_model)

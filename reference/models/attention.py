@@ -4,9 +4,11 @@ Two variants, as in mlx-lm: ``llama.Attention`` (q/k/v/o projections, rope on th
 ``qwen3_next.Qwen3NextAttention`` (``gated=True``: ``q_proj`` yields a query and an output gate per
 head, RMSNorm on q and k per head (``q_norm``/``k_norm``), partial rope, output ``o_proj(attn * sigmoid(gate))``).
 
-The query at absolute position p attends to keys ``0..p``; it is computed from exactly those rows,
-one query at a time, so a token's result does not depend on how many tokens share the forward.
-The state (:class:`~reference.models.cache.KVState`) is one key and value row per token seen.
+The query at absolute position p attends to keys ``0..p``, or with a sliding window of W tokens to
+the last W of them (:func:`visible_keys`); it is computed from exactly those rows, one query at a
+time, so a token's result does not depend on how many tokens share the forward. The state
+(:class:`~reference.models.cache.KVState`) is one key and value row per token seen (a sliding
+window layer keeps them all too: the rule is in which rows a query reads, not in what is stored).
 """
 from __future__ import annotations
 
@@ -18,14 +20,25 @@ from reference.models.rope import Rope
 from reference.models.weights import Weights
 
 
+def visible_keys(p: int, window: int | None) -> slice:
+    """The key positions the query at absolute position ``p`` attends: ``0..p`` (causal), or with a
+    sliding window of ``window`` tokens only the last ``window`` of them, ``p - window + 1 .. p``.
+
+    This is what mlx-lm's sliding-window layers compute for every token, whether it is decoded
+    alone (a ``RotatingKVCache(max_size=window, keep=0)`` holding the last ``window`` tokens) or
+    in a multi-token forward (``create_causal_mask(N, offset, window_size=window)``).
+    """
+    return slice(0 if window is None else max(0, p - window + 1), p + 1)
+
+
 class Attention:
     """Weights (mlx-lm names, prefix ``self_attn.``): ``{q,k,v,o}_proj.weight`` (+ ``.bias``), and with
-    ``gated=True`` also ``q_norm.weight``, ``k_norm.weight``."""
+    ``gated=True`` also ``q_norm.weight``, ``k_norm.weight``. ``window``: sliding-window size (None: full)."""
 
     def __init__(self, w: Weights, n_heads: int, n_kv_heads: int, head_dim: int, rope: Rope,
-                 gated: bool = False, eps: float = 1e-6):
+                 gated: bool = False, eps: float = 1e-6, window: int | None = None):
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
-        self.rope, self.gated, self.eps = rope, gated, eps
+        self.rope, self.gated, self.eps, self.window = rope, gated, eps, window
         self.scale = head_dim**-0.5
         self.proj = {name: (w[f"{name}.weight"], w.get(f"{name}.bias"))
                      for name in ("q_proj", "k_proj", "v_proj", "o_proj")}
@@ -58,10 +71,10 @@ class Attention:
         group = self.n_heads // self.n_kv_heads  # query head h reads kv head h // group
         out = np.empty((S, self.n_heads, self.head_dim), dtype=x.dtype)
         for i in range(S):
-            visible = offset + i + 1
+            visible = visible_keys(offset + i, self.window)
             for h in range(self.n_heads):
-                keys = state.keys[h // group, :visible]
-                values = state.values[h // group, :visible]
+                keys = state.keys[h // group, visible]
+                values = state.values[h // group, visible]
                 p = softmax(keys @ q[h, i] * x.dtype.type(self.scale))
                 out[i, h] = p @ values
         out = out.reshape(S, -1)

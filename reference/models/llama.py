@@ -2,7 +2,8 @@
 
 Config keys read: ``hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
 head_dim, rms_norm_eps, vocab_size, rope_theta, rope_traditional, rope_scaling, tie_word_embeddings,
-attention_bias, mlp_bias``. Sliding-window layers (``layer_types``) are not supported.
+attention_bias, mlp_bias, layer_types, sliding_window``: a ``"sliding_attention"`` layer attends only
+the last ``sliding_window`` tokens (:func:`~reference.models.attention.visible_keys`).
 """
 from __future__ import annotations
 
@@ -24,8 +25,10 @@ def is_sparse_layer(i: int, config: dict) -> bool:
 
 
 def build(config: dict, weights: Weights, dtype) -> Model:
-    if any(t != "full_attention" for t in config.get("layer_types") or ()):
-        raise ValueError("llama models with sliding-window layers are not supported by the NumPy reference")
+    layer_types = config.get("layer_types") or ["full_attention"] * config["num_hidden_layers"]
+    if set(layer_types) - {"full_attention", "sliding_attention"}:
+        raise ValueError(f"unknown llama layer types {sorted(set(layer_types))}; the reference knows "
+                         f"full_attention and sliding_attention")
     n_heads = config["num_attention_heads"]
     n_kv_heads = config.get("num_key_value_heads") or n_heads
     head_dim = config.get("head_dim") or config["hidden_size"] // n_heads
@@ -36,7 +39,8 @@ def build(config: dict, weights: Weights, dtype) -> Model:
     for i in range(config["num_hidden_layers"]):
         p = f"model.layers.{i}."
         layers.append(DecoderLayer(
-            mixer=Attention(weights.group(p + "self_attn."), n_heads, n_kv_heads, head_dim, rope),
+            mixer=Attention(weights.group(p + "self_attn."), n_heads, n_kv_heads, head_dim, rope,
+                            window=config["sliding_window"] if layer_types[i] == "sliding_attention" else None),
             mlp=MLP(weights.group(p + "mlp.")),
             input_norm=weights[p + "input_layernorm.weight"],
             post_norm=weights[p + "post_attention_layernorm.weight"],
