@@ -13,8 +13,9 @@ from pathlib import Path
 
 from hypothesis import strategies as st
 
-ARCHS = ("qwen3_5", "qwen3_next", "llama")  # every architecture of reference.tiny
+ARCHS = ("qwen3_5", "qwen3_next", "llama", "llama_sliding")  # every architecture of reference.tiny
 SEEDS = (0, 1)
+WINDOW_PREFIX = [40, 41, 42, 43, 44, 45]  # longer than llama_sliding's window of 4: it wraps in the prompt
 VOCAB = 256  # prompts and forced-wrong drafts stay below the special tokens
 
 _dirs: dict[tuple[str, int], Path] = {}

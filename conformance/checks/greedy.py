@@ -91,6 +91,21 @@ def forced_right_wrong_and_empty_drafts(impl, model, prompt, max_tokens, schedul
 
 
 @check("greedy", needs=GENERATE,
+       given=dict(seed=st.sampled_from(models.SEEDS), prompt=models.prompts(max_size=12),
+                  schedule=schedules()), examples=20)
+def sliding_window_across_the_wrap(impl, seed, prompt, schedule):
+    """On a model with sliding-window layers (window 4 < prompt + output), drafts forced right, wrong
+    or empty before, across and after the window wraps never change greedy output."""
+    m = models.load(impl, "llama_sliding", seed)
+    prompt = models.WINDOW_PREFIX + prompt
+    truth, _ = generate(impl, m, prompt, 16)
+    drafter = models.ScriptedDrafter(truth, schedule)
+    spec, _ = generate(impl, m, prompt, 16, drafter=drafter, draft_max=8)
+    assert_same_tokens(impl, m, prompt, truth, spec, f"tiny llama_sliding (seed {seed}), prompt {prompt}, "
+                       f"drafts offered (position, drafts) {drafter.offered}")
+
+
+@check("greedy", needs=GENERATE,
        given=dict(model=models.models, prompt=models.prompts(), max_tokens=st.integers(1, 12)), examples=15)
 def greedy_equals_the_reference(impl, model, prompt, max_tokens):
     """Greedy output equals the NumPy reference's for the same weights (float32), up to proven near-ties."""

@@ -81,3 +81,15 @@ def zero_draft_steps_between_drafted_steps(impl):
     for arch in models.ARCHS:
         m = models.load(impl, arch, 0)
         assert_state_equals_fed(impl, m, [5, 6, 7], steps, f"tiny {arch} (seed 0), prompt [5, 6, 7]")
+
+
+@check("rollback", needs=ROLLBACK,
+       given=dict(seed=st.sampled_from(models.SEEDS), prompt=models.prompts(max_size=8), steps=verify_steps()),
+       examples=20)
+def sliding_window_across_the_wrap(impl, seed, prompt, steps):
+    """On a model with sliding-window layers (window 4, shorter than the prompt and than some verify
+    forwards), keep(m) gives the state of feeding the m tokens one at a time: each kept token sees
+    exactly the last 4 tokens in those layers, before, across and after the window wraps."""
+    m = models.load(impl, "llama_sliding", seed)
+    prompt = models.WINDOW_PREFIX + prompt
+    assert_state_equals_fed(impl, m, prompt, steps, f"tiny llama_sliding (seed {seed}), prompt {prompt}")
