@@ -92,9 +92,15 @@ def architectures() -> list[str]:
     return sorted(names)
 
 
+#: A layer-type list for models that need one spelled out: sliding-window and full attention.
+LAYER_TYPES = ["sliding_attention", "full_attention"] * (TINY["num_hidden_layers"] // 2)
+
+
 def _tiny_value(name: str, default):
     if name in TINY:
         return TINY[name]
+    if name == "layer_types" and default == []:
+        return LAYER_TYPES
     if isinstance(default, int) and not isinstance(default, bool) and default > 64:
         for part, value in SHRINK:
             if part in name:
@@ -141,6 +147,10 @@ OVERRIDES: dict[str, dict] = {
                  attn_config=dict(kv_n_heads=1, rope_theta=10000.0, clip_qkv=8.0)),
     "exaone4": dict(sliding_window_pattern="LLLG"),
     "falcon_h1": dict(mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16, mamba_chunk_size=8),
+    "granitemoehybrid": dict(layer_types=["mamba", "attention", "mamba", "attention"],
+                             mamba_proj_bias=False, mamba_conv_bias=True, shared_intermediate_size=32,
+                             embedding_multiplier=1.0, attention_multiplier=0.25,
+                             logits_scaling=1.0, residual_multiplier=1.0),
     "jamba": dict(attn_layer_offset=1, attn_layer_period=2, expert_layer_offset=1,
                   expert_layer_period=2),
     "kimi_linear": dict(linear_attn_config=dict(kda_layers=[1, 2, 3], full_attn_layers=[4],
@@ -151,6 +161,8 @@ OVERRIDES: dict[str, dict] = {
     "lfm2_moe": dict(full_attn_idxs=[1, 3], conv_L_cache=3, num_dense_layers=1),
     "llama4": dict(text_config=dict(num_experts_per_tok=1, interleave_moe_layer_step=2)),
     "llama4_text": dict(no_rope_layers=[1, 1, 1, 0], num_experts_per_tok=1),
+    "openelm": dict(num_transformer_layers=4, model_dim=32, head_dim=16, num_query_heads=[2] * 4,
+                    num_kv_heads=[1] * 4, ffn_multipliers=[1.0] * 4, ffn_dim_divisor=16),
     "mamba2": dict(num_heads=4, head_dim=16, time_step_limit=(0.0, float("inf")), time_step_rank=4),
     "mellum": dict(layer_types=["sliding_attention", "full_attention"] * 2),
     "mimo_v2_flash": dict(hybrid_layer_pattern=[1, 0, 1, 0], moe_layer_freq=[0, 1, 1, 1]),
@@ -159,6 +171,12 @@ OVERRIDES: dict[str, dict] = {
                        layer_types=["sliding_attention", "full_attention"] * 2),
     "nemotron_h": dict(hybrid_override_pattern=["M", "*", "M", "-"], mamba_num_heads=4,
                        mamba_head_dim=16, num_hidden_layers=4),
+    "qwen3_vl": dict(text_config=dict(tie_word_embeddings=True)),
+    "qwen3_vl_moe": dict(text_config=dict(tie_word_embeddings=True, decoder_sparse_step=1,
+                                          mlp_only_layers=[], norm_topk_prob=True)),
+    "lfm2-vl": dict(text_config=dict(full_attn_idxs=[1, 3], conv_L_cache=3, conv_bias=False,
+                                     block_dim=32, block_multiple_of=16, block_ffn_dim_multiplier=1.0,
+                                     block_auto_adjust_ff_dim=False)),
     "recurrent_gemma": dict(block_types=["recurrent", "recurrent", "attention"], conv1d_width=4,
                             logits_soft_cap=30.0),
 }
@@ -167,6 +185,8 @@ OVERRIDES: dict[str, dict] = {
 def _required_guess(f) -> object:
     """A value for a required field that :data:`TINY` does not name, from its annotation."""
     kind = str(f.type)
+    if f.name == "layer_types":
+        return LAYER_TYPES
     if "List" in kind or "list" in kind:
         return []
     if "Dict" in kind or "dict" in kind:
@@ -249,6 +269,8 @@ def check(arch: str, phase=lambda verdict_if_it_crashes: None) -> dict:
         model = build(arch)
         make = lambda: make_prompt_cache(model)
         row["caches"] = _cache_kinds(make())
+        if not row["caches"]:
+            return dict(row, verdict="no tiny config", detail="the tiny model has no layer with a cache")
     except SystemExit as exc:   # a module that exits when an optional package is missing
         return dict(row, verdict="plain fails", detail=f"importing it exits ({exc.code}): it needs "
                     f"a package mlx-lm does not install")

@@ -104,4 +104,4 @@ def _output_layer(model: nn.Module) -> nn.Module:
 
 
 _OUTPUT_NAMES = ("lm_head", "output", "embed_out", "embed_tokens", "embeddings", "wte",
-                 "tok_embeddings", "word_embeddings", "embedding", "emb")
+                 "tok_embeddings", "token_embeddings", "word_embeddings", "embedding", "emb")

@@ -92,7 +92,7 @@ def forced_right_wrong_and_empty_drafts(impl, model, prompt, max_tokens, schedul
 
 @check("greedy", needs=GENERATE,
        given=dict(seed=st.sampled_from(models.SEEDS), prompt=models.prompts(max_size=12),
-                  schedule=schedules()), examples=20)
+                  schedule=schedules()), examples=10, fast=False)
 def sliding_window_across_the_wrap(impl, seed, prompt, schedule):
     """On a model with sliding-window layers (window 4 < prompt + output), drafts forced right, wrong
     or empty before, across and after the window wraps never change greedy output."""

@@ -85,7 +85,7 @@ def zero_draft_steps_between_drafted_steps(impl):
 
 @check("rollback", needs=ROLLBACK,
        given=dict(seed=st.sampled_from(models.SEEDS), prompt=models.prompts(max_size=8), steps=verify_steps()),
-       examples=20)
+       examples=10, fast=False)
 def sliding_window_across_the_wrap(impl, seed, prompt, steps):
     """On a model with sliding-window layers (window 4, shorter than the prompt and than some verify
     forwards), keep(m) gives the state of feeding the m tokens one at a time: each kept token sees
