@@ -1,7 +1,8 @@
 """The compatibility matrix (docs/compatibility.md, made by ``python -m mlx_backend.compat``):
 it lists every architecture of the installed mlx-lm with a verdict and, where the verdict is not
 "identical", a reason; and rerunning the check on representative architectures (full attention,
-sliding window, chunked, GatedDeltaNet, other linear attention, Mamba) reproduces its rows."""
+sliding window, chunked, GatedDeltaNet, other linear attention, Mamba, a CacheList of SSM and
+attention) reproduces its rows."""
 from __future__ import annotations
 
 import functools
@@ -16,7 +17,7 @@ from mlx_backend.compat import MAX_TOKENS, PROMPT, VERDICTS, architectures, buil
 from mlx_backend.generate import SpecStats, ngram_speculative_generate_step
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "compatibility.md"
-REPRESENTATIVE = ["llama", "gemma3_text", "llama4", "qwen3_5", "olmo_hybrid", "mamba"]
+REPRESENTATIVE = ["llama", "gemma3_text", "llama4", "qwen3_5", "olmo_hybrid", "mamba", "falcon_h1"]
 
 
 @functools.cache
