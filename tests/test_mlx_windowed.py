@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 from mlx_lm.generate import generate_step
-from mlx_lm.models.cache import QuantizedKVCache, RotatingKVCache, make_prompt_cache
+from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
 from mlx_backend.generate import SpecStats, ngram_speculative_generate_step
 from mlx_backend.rollback import VerifyCache, _row_positions
@@ -35,10 +35,14 @@ def setup(kind: str):
         model = tiny_model("llama", seed=1, layer_types=["sliding_attention", "full_attention"],
                            sliding_window=WINDOW)
         return model, lambda: make_prompt_cache(model)
+    if kind == "llama-window-in-bigger-ring":   # one-token steps masked inside the ring (mlx-lm's roll)
+        model = tiny_model("llama", seed=1, layer_types=["sliding_attention", "full_attention"],
+                           sliding_window=WINDOW // 2)
+        return model, lambda: [RotatingKVCache(max_size=WINDOW), KVCache()]
     raise ValueError(kind)
 
 
-KINDS = WINDOWED + ("llama-max-kv", "llama-layer-types")
+KINDS = WINDOWED + ("llama-max-kv", "llama-layer-types", "llama-window-in-bigger-ring")
 
 
 def plain(model, make_cache, prompt, n, prefill=2048):
