@@ -134,7 +134,7 @@ def _records_exactly(layer, base: type, recorder: type, dims: int) -> bool:
         return False
     finally:
         layer.__class__ = saved
-        layer._ngram_path = layer._ngram_record = None
+        _clear(layer)
 
 
 class _Recording:
@@ -232,9 +232,14 @@ def attach(obj, mixin: type = _RecordingGDN):
 def detach(obj) -> None:
     """Undo :func:`attach` on this instance."""
     if hasattr(obj, "_ngram_base"):
-        for name in [k for k in vars(obj) if k.startswith("_ngram")]:
-            delattr(obj, name)
+        _clear(obj)
         obj.__class__ = obj._ngram_base
+
+
+def _clear(obj) -> None:
+    """Remove the recording attributes set on this instance."""
+    for name in [k for k in vars(obj) if k.startswith("_ngram")]:
+        delattr(obj, name)
 
 
 # -- rotating (sliding-window) KV caches --------------------------------------------------------
