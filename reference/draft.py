@@ -12,7 +12,7 @@ else 1, and drafts ``y*`` iff ``F(X_n) >= a_n`` and ``100 * c(X_n, y*) >= p_n * 
 ``F(X_n) = sum_y c(X_n, y)``). Drafting stops at the first position where nothing passes, or after
 ``n_draft`` tokens. Drafted tokens extend ``S`` but never enter a cache.
 
-Where llama.cpp is undefined, this module defines (docs/spec-map.md, "Undefined behaviour"):
+Where llama.cpp is undefined, this module defines (docs/spec-map.md, "Deliberate differences"):
 
 * **ties -> smallest token id.** llama.cpp keeps the first maximum in ``std::unordered_map``
   iteration order, which depends on the C++ library and on how the cache was built or loaded.
