@@ -2,7 +2,8 @@
 
 A property check runs under hypothesis with a fixed seed (printed in the report), so a failure is
 reproduced by ``--seed``; hypothesis shrinks it to the smallest failing example, which the report
-shows (the runner records the drawn arguments itself). No example database is written: the seed alone reproduces a run.
+shows (the runner records the drawn arguments itself, not hypothesis's prose). No example database
+is written: the seed alone reproduces a run.
 """
 from __future__ import annotations
 

@@ -22,8 +22,9 @@ Where llama.cpp is undefined, this module defines (docs/spec-map.md, "Deliberate
   reproduces llama.cpp's ``int`` arithmetic built with GCC on x86-64 (formally signed-overflow UB):
   the score ``c * w`` (cpp:125), the sum ``F`` and both sides of the share test ``100 * c < p * F``
   (cpp:114-136, and the static-only cpp:65-94) wrap to 32-bit two's complement; a wrapped score
-  <= 0 is never selected. So int32 mode differs from exact once a score exceeds 2**31-1, or a count ``c`` exceeds
-  21,474,836 (``100 * c`` wraps: the static-only fallback stops drafting), or ``F`` exceeds 2**31/p.
+  <= 0 is never selected. So int32 mode differs from exact once a score passes 2**31-1, a count
+  ``c`` passes 21,474,836 (``100 * c`` wraps: the static-only fallback stops drafting) or ``p * F``
+  passes 2**31-1.
 
 >>> from reference.ngram_cache import NgramCache
 >>> c_ctx = NgramCache(); inp = [1, 2, 3, 1, 2, 3, 1, 2]
