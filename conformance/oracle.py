@@ -65,15 +65,17 @@ def _int32(x: int) -> int:
 
 def _level(part: dict[int, int], part_st: dict[int, int], a: int, p: int, wrap: bool) -> int | None:
     """One level: the follower with the largest ``c * w`` (ties: smallest id; scores <= 0 never win),
-    drafted iff the sum of counts is at least ``a`` and its own count is at least ``p`` percent."""
+    drafted iff the sum of counts is at least ``a`` and its own count is at least ``p`` percent.
+    ``wrap``: every product and sum is llama.cpp's 32-bit ``int``."""
+    num = _int32 if wrap else int
     best, best_score = None, 0
     for y in sorted(part):
         w = 100 * part_st[y] if part_st.get(y, 0) > 0 else 1
-        score = _int32(part[y] * w) if wrap else part[y] * w
+        score = num(part[y] * w)
         if score > best_score:
             best, best_score = y, score
-    total = sum(part.values())
-    if best is not None and total >= a and 100 * part[best] >= p * total:
+    total = num(sum(part.values()))
+    if best is not None and total >= a and num(100 * part[best]) >= num(p * total):
         return best
     return None
 
@@ -98,7 +100,7 @@ def draft(seq: Sequence[int], n_draft: int, ctx: Cache, dyn: Cache | None = None
             if y is not None:
                 break
         if y is None and part_st:  # static only: plain counts, a = 2, p = 50 %
-            y = _level(part_st, {}, 2, 50, False)
+            y = _level(part_st, {}, 2, 50, wrap_int32)
         if y is None:
             break
         out.append(y)

@@ -2,7 +2,8 @@
 
 A property check runs under hypothesis with a fixed seed (printed in the report), so a failure is
 reproduced by ``--seed``; hypothesis shrinks it to the smallest failing example, which the report
-shows. No example database is written: the seed alone reproduces a run.
+shows (the runner records the drawn arguments itself, not hypothesis's prose). No example database
+is written: the seed alone reproduces a run.
 """
 from __future__ import annotations
 
@@ -79,28 +80,40 @@ def run_check(check: Check, backend: Backend, options: Options) -> CheckResult:
         result.status = NOT_APPLICABLE
         result.message = f"the backend does not provide {', '.join(missing)}"
         return result
+    failing: list[str] = []  # the examples that failed, in the order hypothesis ran them
     t0 = time.perf_counter()
     try:
-        _call(check, backend.impl, options)
+        _call(check, backend.impl, options, failing)
     except Skip as exc:
         result.status, result.message = SKIPPED, str(exc)
     except Exception as exc:  # noqa: BLE001 - any exception is the check failing
         result.status = FAILED
         result.message = _describe(exc)
-        result.example = _falsifying_example(exc)
+        result.example = failing[-1] if failing else ""
         result.seed = options.seed
     result.seconds = round(time.perf_counter() - t0, 3)
     result.notes = list(_notes)
     return result
 
 
-def _call(check: Check, impl: object, options: Options) -> None:
+def _call(check: Check, impl: object, options: Options, failing: list[str]) -> None:
+    """Run ``check``; a property check appends each example that fails to ``failing``.
+
+    Hypothesis replays the shrunk example last before it raises, so ``failing[-1]`` is the smallest
+    failing example: recorded from the drawn arguments themselves, not from hypothesis's report
+    prose (whose wording changes between releases).
+    """
     if not check.is_property:
         check.fn(impl)
         return
 
     def run_example(**drawn):
-        check.fn(impl, **drawn)
+        example = _example_call(check.name, drawn)  # before the call: a backend may mutate its inputs
+        try:
+            check.fn(impl, **drawn)
+        except Exception:
+            failing.append(example)
+            raise
 
     run_example.__name__ = run_example.__qualname__ = check.name
     test = hypothesis.given(**check.given)(run_example)
@@ -121,12 +134,9 @@ def _describe(exc: BaseException) -> str:
     return f"raised {type(exc).__name__}: {exc}{where}"
 
 
-def _falsifying_example(exc: BaseException) -> str:
-    """Hypothesis's "Falsifying example: ..." note, without the heading."""
-    for note in getattr(exc, "__notes__", []):
-        if note.startswith("Falsifying example:"):
-            return note.split(":", 1)[1].strip()
-    return ""
+def _example_call(name: str, drawn: dict) -> str:
+    """The example as a call: ``name(arg=value, ...)``, values by ``repr``."""
+    return f"{name}({', '.join(f'{k}={v!r}' for k, v in drawn.items())})"
 
 
 @dataclass

@@ -17,7 +17,8 @@ the 2-gram is found by binary search, the followers are sorted by token, and ``w
 branch-free binary search over them (the layout of the seed ``000_b543da7ce10ed48f``).
 
 Drafting follows ``reference.draft`` exactly (ties to the smallest token id, negative-start n-grams
-skipped, ``score="int32"`` wraps the product like llama.cpp); ``tests/test_tables*.py`` check it.
+skipped, ``score="exact"`` compares 128-bit products, ``score="int32"`` wraps every sum and product
+like llama.cpp's ``int``); ``tests/test_tables*.py`` check it.
 """
 from __future__ import annotations
 
@@ -352,7 +353,35 @@ def static_find(ST, t0, t1):
 
 @njit(inline="always")
 def _wrap32(x):
+    """``x`` reduced to 32-bit two's complement (llama.cpp's ``int`` arithmetic on GCC x86-64)."""
     return ((x + 0x80000000) & 0xFFFFFFFF) - 0x80000000
+
+
+U32 = np.uint64(0xFFFFFFFF)
+SH32 = np.uint64(32)
+
+
+@njit(inline="always")
+def _mul128(a, b):
+    """The product of non-negative int64 ``a * b`` as 128 bits ``(high, low)`` (two uint64 words)."""
+    a, b = np.uint64(a), np.uint64(b)
+    a0, a1, b0, b1 = a & U32, a >> SH32, b & U32, b >> SH32
+    p00, p01, p10 = a0 * b0, a0 * b1, a1 * b0
+    mid = (p00 >> SH32) + (p01 & U32) + (p10 & U32)  # < 3 * 2^32: no overflow
+    return a1 * b1 + (p01 >> SH32) + (p10 >> SH32) + (mid >> SH32), (p00 & U32) | (mid << SH32)
+
+
+@njit(inline="always")
+def _cmp_products(a, b, c, d):
+    """The sign of ``a * b - c * d`` for non-negative int64 operands, exactly (no overflow)."""
+    if a < 0x80000000 and c < 0x80000000 and b <= 0xFFFFFFFF and d <= 0xFFFFFFFF:  # both below 2^63
+        x, y = a * b, c * d
+        return 1 if x > y else (-1 if x < y else 0)
+    xh, xl = _mul128(a, b)
+    yh, yl = _mul128(c, d)
+    if xh != yh:
+        return 1 if xh > yh else -1
+    return 1 if xl > yl else (-1 if xl < yl else 0)
 
 
 @njit(cache=True)
@@ -360,43 +389,59 @@ def _argmax(T, kid, st_lo, st_hi, ST, int32):
     """``(y*, c(eta, y*))``: the follower of key ``kid`` with the largest score ``c * w``, ties to the
     smallest id (cpp:114-131), or ``(-1, 0)`` if no score is positive.
 
-    Exact scores need only the followers that also follow the static 2-gram (``w = 100 * c_st >= 100``)
-    and the most frequent follower ``KTOP`` (the best of those with ``w = 1``, beaten by any weighted
-    one): the smaller of the two follower lists is walked. Wrapping int32 scores walk every follower."""
+    Exact scores are compared as 128-bit products (``c`` and ``w = 100 * c_st`` are int64, their
+    product is not). They need only the followers that also follow the static 2-gram
+    (``w = 100 * c_st >= 100``) and the most frequent follower ``KTOP`` (the best of those with
+    ``w = 1``, beaten by any weighted one): the smaller of the two follower lists is walked. Wrapping
+    int32 scores walk every follower."""
     K, E = T[1], T[3]
     st_tok, st_cnt = ST[2], ST[3]
-    best_y, best_s, best_c = np.int64(-1), np.int64(0), np.int64(0)
+    best_y, best_c, best_w, best_s = np.int64(-1), np.int64(0), np.int64(1), np.int64(0)
     if not int32:
         top, cmax = K[kid, KTOP], K[kid, KMAX]
         if st_hi == st_lo:
             return top, cmax
         if _search(st_tok, st_lo, st_hi, top) < 0:
-            best_y, best_s, best_c = top, cmax, cmax
+            best_y, best_c = top, cmax
         if st_hi - st_lo < K[kid, KNUM]:  # walk the static followers, look each up in this key
             for j in range(st_lo, st_hi):
                 e = find_entry(T, kid, st_tok[j])
                 if e >= 0:
-                    y, c = E[e, ETOK], E[e, ECNT]
-                    s = c * (100 * np.int64(st_cnt[j]))
-                    if s > best_s or (s == best_s and y < best_y):
-                        best_y, best_s, best_c = y, s, c
+                    y, c, w = E[e, ETOK], E[e, ECNT], 100 * np.int64(st_cnt[j])
+                    order = _cmp_products(c, w, best_c, best_w)
+                    if order > 0 or (order == 0 and y < best_y):
+                        best_y, best_c, best_w = y, c, w
             return best_y, best_c
     e = K[kid, KHEAD]
     while e >= 0:
         y, c = E[e, ETOK], E[e, ECNT]
         j = _search(st_tok, st_lo, st_hi, y)
-        s = c * (100 * np.int64(st_cnt[j])) if j >= 0 else c
+        w = 100 * np.int64(st_cnt[j]) if j >= 0 else np.int64(1)
         if int32:
-            s = _wrap32(s)
-        if s > best_s or (s == best_s and best_y >= 0 and y < best_y):
-            best_y, best_s, best_c = y, s, c
+            s = _wrap32(_wrap32(c) * _wrap32(w))  # int32 * int32 wrapped: the factors are reduced first
+            if s > best_s or (s == best_s and best_y >= 0 and y < best_y):
+                best_y, best_c, best_s = y, c, s
+        else:
+            order = _cmp_products(c, w, best_c, best_w)
+            if order > 0 or (order == 0 and y < best_y):
+                best_y, best_c, best_w = y, c, w
         e = E[e, ENEXT]
     return best_y, best_c
 
 
+@njit(inline="always")
+def _percent_fails(c, F, p, int32):
+    """``100 * c < p * F``: the level's share test (cpp:136), exact or in wrapping int32."""
+    if int32:
+        return _wrap32(100 * _wrap32(c)) < _wrap32(p * _wrap32(F))
+    return _cmp_products(100, c, p, F) < 0
+
+
 @njit(cache=True)
 def _try_primary(T, which, P, D, L, k, st_lo, st_hi, ST, int32):
-    """The first passing level of table ``T`` (n = 4..1) at ``S = P[:L] ++ D[:k]``, or -1 (cpp:97-143)."""
+    """The first passing level of table ``T`` (n = 4..1) at ``S = P[:L] ++ D[:k]``, or -1 (cpp:97-143).
+
+    int32: ``F`` and both sides of the share test wrap like llama.cpp's ``int`` sums and products."""
     K = T[1]
     if T[4][0] == 0:
         return -1
@@ -406,14 +451,33 @@ def _try_primary(T, which, P, D, L, k, st_lo, st_hi, ST, int32):
         kid = find_key(T, w0, w1)
         if kid < 0:
             continue
-        F = K[kid, KSUM]
+        F = _wrap32(K[kid, KSUM]) if int32 else K[kid, KSUM]
         a, p = A_N[which, n - 1], P_N[which, n - 1]
-        if F < a or 100 * K[kid, KMAX] < p * F:  # cannot pass: c(eta, y*) <= max
+        if F < a:
+            continue
+        if not int32 and _percent_fails(K[kid, KMAX], F, p, False):  # cannot pass: c(eta, y*) <= max
             continue
         y, c = _argmax(T, kid, st_lo, st_hi, ST, int32)
-        if y >= 0 and 100 * c >= p * F:
+        if y >= 0 and not _percent_fails(c, F, p, int32):
             return y
     return -1
+
+
+@njit(cache=True)
+def _static_int32(ST, st_lo, st_hi):
+    """The static-only draft (cpp:65-94) in wrapping int32: the first strictly larger count (followers
+    sorted: the smallest id among ties), drafted iff ``F >= 2`` and ``100 * c >= 50 * F`` where ``F``,
+    ``100 * c`` and ``50 * F`` wrap (``100 * c`` does once ``c`` > 21,474,836)."""
+    st_tok, st_cnt = ST[2], ST[3]
+    F, best, y = np.int64(0), np.int64(0), np.int64(-1)
+    for j in range(st_lo, st_hi):
+        c = np.int64(st_cnt[j])
+        F = _wrap32(F + c)
+        if c > best:
+            best, y = c, np.int64(st_tok[j])
+    if F < STATIC_A or _percent_fails(best, F, STATIC_P, True):
+        return np.int64(-1)
+    return y
 
 
 @njit(cache=True)
@@ -433,7 +497,7 @@ def draft_into(P, L, D, n_draft, C, Y, has_dyn, ST, int32):
         if y < 0 and has_dyn:
             y = _try_primary(Y, 1, P, D, L, k, st_lo, st_hi, ST, int32)
         if y < 0 and si >= 0:
-            y = st_top[si]
+            y = _static_int32(ST, st_lo, st_hi) if int32 else st_top[si]
         if y < 0:
             break
         D[k] = y

@@ -113,9 +113,10 @@ class NgramDrafter:
             self._ctx.reserve(pending, pending)
 
     def draft(self, n_draft: int) -> list[int]:
-        """Up to ``n_draft`` tokens predicted to follow :attr:`tokens` (``reference.draft.draft``)."""
-        if n_draft < 1:
-            raise ValueError(f"n_draft must be >= 1, got {n_draft}")
+        """Up to ``n_draft`` tokens predicted to follow :attr:`tokens` (``reference.draft.draft``; none
+        for ``n_draft = 0``)."""
+        if n_draft < 0:
+            raise ValueError(f"n_draft must be >= 0, got {n_draft}")
         if n_draft > self._out.size:
             self._out = np.zeros(n_draft, np.int32)
         if self.c_dyn is None:

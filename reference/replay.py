@@ -62,8 +62,8 @@ class ReplayStats:
 def check_replay_args(n_ctx: int, n_draft: int) -> None:
     if n_ctx < 2:
         raise ValueError(f"n_ctx must be >= 2 (a chunk needs 2 tokens before anything can be drafted), got {n_ctx}")
-    if n_draft < 1:
-        raise ValueError(f"n_draft must be >= 1, got {n_draft}")
+    if n_draft < 0:  # 0: nothing is drafted, every token is "sampled" (lookup-stats --draft-max 0)
+        raise ValueError(f"n_draft must be >= 0, got {n_draft}")
 
 
 def replay(tokens: Sequence[int], n_ctx: int = 4096, n_draft: int = 16, c_st: CacheLike = None,

@@ -133,7 +133,7 @@ def test_bad_input_errors(capsys, tmp_path):
     cases = [
         (["stats", toks, "--static", V("edge-neg-dyn.bin")], "must hold 2-grams only"),
         (["stats", toks, "--n-ctx", 1], "n_ctx must be >= 2"),
-        (["stats", toks, "--n-draft", 0], "n_draft must be >= 1"),
+        (["stats", toks, "--n-draft", -1], "n_draft must be >= 0"),
         (["stats", tmp_path / "missing.i32"], "no such file"),
         (["stats", toks, "--dynamic", tmp_path / "missing.bin"], "dynamic cache file"),
         (["inspect", V("edge-neg-dyn.bin"), "--top", -1], "--top must be >= 0"),

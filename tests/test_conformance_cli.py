@@ -21,8 +21,10 @@ META = ROOT / "tests" / "meta"
 
 
 def run(*args, env=None):
-    """``python -m conformance ARGS`` in a subprocess (tests/meta importable for its example backends)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(META), str(ROOT)]), **(env or {})}
+    """``python -m conformance ARGS`` in a subprocess (tests/meta importable for its example backends;
+    the caller's PYTHONPATH kept, so CI's run against the oldest allowed hypothesis reaches it)."""
+    path = [str(META), str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), **(env or {})}
     return subprocess.run([sys.executable, "-m", "conformance", *args], capture_output=True, text=True,
                           env=env, cwd=ROOT, timeout=600)
 
@@ -53,6 +55,28 @@ def test_reproduce_line_reproduces_the_same_example():
     first, second = run(*args), run(*args)
     example = re.search(r"smallest failing example: (.*?)\n    reproduce", first.stdout, re.S)
     assert example and example.group(1) in second.stdout
+
+
+def test_smallest_example_is_the_shrunk_one_as_drawn():
+    """The runner records the example itself (no hypothesis prose): the shrunk one, as drawn before the
+    backend could mutate it."""
+    from hypothesis import strategies as st
+
+    from conformance.backend import Backend
+    from conformance.registry import Check
+    from conformance.runner import FAILED, Options, run_check
+
+    def sum_at_most_100(impl, xs):
+        total = sum(xs)
+        xs.clear()  # a backend that mutates its input must not change the example shown
+        if total > 100:
+            raise AssertionError(f"sum {total}")
+
+    check = Check("drafting", "sum_at_most_100", "sums stay small", sum_at_most_100,
+                  given={"xs": st.lists(st.integers(0, 1000))}, examples=200)
+    result = run_check(check, Backend("none", object()), Options(seed=3))
+    assert result.status == FAILED and result.message == "sum 101"
+    assert result.example == "sum_at_most_100(xs=[101])"
 
 
 def test_missing_members_are_not_applicable_not_passed(tmp_path):

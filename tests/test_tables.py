@@ -166,7 +166,7 @@ def test_negative_or_huge_token_ids_rejected(bad):
 
 def test_bad_arguments_rejected():
     with pytest.raises(ValueError, match="n_draft"):
-        api.NgramDrafter().draft(0)
+        api.NgramDrafter().draft(-1)
     with pytest.raises(ValueError, match="score"):
         api.NgramDrafter(score="float")
     with pytest.raises(ValueError, match="n_ctx"):

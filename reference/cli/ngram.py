@@ -56,7 +56,10 @@ def register(subparsers) -> None:
     p.add_argument("tokens", metavar="TOKENS", help="token file to replay (.i32, .npy)")
     p.add_argument("--static", metavar="FILE", help="static cache file (2-grams, from `create`); lookup-stats -lcs")
     p.add_argument("--dynamic", metavar="FILE", help="dynamic cache file loaded at start; lookup-stats -lcd")
-    p.add_argument("--n-ctx", type=int, default=4096, help="chunk length, the model context (default: %(default)s)")
+    p.add_argument("--n-ctx", type=int, default=4096,
+                   help="chunk length, the model context (default: %(default)s). llama-lookup-stats chunks by "
+                        "llama_n_ctx(), its -c rounded up (to a multiple of 256 in current llama.cpp): to "
+                        "reproduce `-c 1000`, pass --n-ctx 1024")
     p.add_argument("--n-draft", type=int, default=16, help="maximum tokens per draft (default: %(default)s)")
     p.add_argument("--score", choices=SCORES, default="exact",
                    help="score arithmetic: exact integers (default), or int32 = llama.cpp's wrapping 32-bit "
