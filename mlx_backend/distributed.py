@@ -45,7 +45,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Generator, Optional
+from typing import Callable, Generator, Optional
 
 import mlx.core as mx
 import mlx.nn as nn

@@ -86,6 +86,8 @@ def run(arch: str, mode: str, group) -> dict:
 
     for k in range(9):
         spec(f"greedy k={k}", draft_max=k, drafter=TruthDrafter(truth))
+    # the GDN rollback's other path (re-running the recurrence over the kept prefix), on the shards
+    spec("greedy k=4, gdn_path=replay", draft_max=4, drafter=TruthDrafter(truth), gdn_path="replay")
     if mode == MODES[arch][0]:   # the policy measures verify costs: once per launch is enough
         spec("greedy policy, n-gram drafter", draft_max=None)
     mx.random.seed(SEED)

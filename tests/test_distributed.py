@@ -75,6 +75,9 @@ def test_sharded_speculation_equals_plain(arch, tmp_path):
             else:   # the scripted drafter makes some drafts right and some wrong
                 assert 0 < run["n_accept"] < run["n_drafted"], f"{where} k={k}: {run}"
                 assert run["steps"] < len(truth)
+        replay = runs["greedy k=4, gdn_path=replay"]
+        assert len(set(replay["tokens_per_rank"])) == 1 and 0 < replay["n_accept"] < replay["n_drafted"]
+        first_divergence(truth, gaps, replay["tokens"])
         if r["mode"] == modes[0]:
             run = runs["greedy policy, n-gram drafter"]
             assert len(set(run["tokens_per_rank"])) == 1
@@ -178,3 +181,26 @@ def test_cli_shard_prints_once_and_equals_plain(tmp_path):
     assert errors[0].startswith("ngram-spec generate: error: mlx-lm ")
     assert errors[0].endswith("has no pipeline-parallel sharding for llama models (model.pipeline() is missing): "
                               "use --shard tensor")
+
+
+@pytest.mark.slow
+def test_ranks_with_different_cache_files_are_stopped(tmp_path):
+    """The start-of-run check: rank 1 holding another --static file than rank 0 is refused on both
+    ranks (the drafts, and so the forward lengths, would differ)."""
+    for rank in (0, 1):
+        (tmp_path / f"static-{rank}.bin").write_bytes(bytes([rank]) * 16)
+    script = textwrap.dedent(f"""
+        from pathlib import Path
+        import mlx.core as mx
+        from mlx_backend.distributed import RankDivergence, check_same
+        group = mx.distributed.init()
+        try:
+            check_same("the n-gram cache files", [Path({str(tmp_path)!r}) / f"static-{{group.rank()}}.bin"], group)
+            print("rank", group.rank(), "agreed", flush=True)
+        except RankDivergence as exc:
+            print("rank", group.rank(), "refused:", exc, flush=True)
+    """)
+    proc = launch(["-c", script], tmp_path, timeout=300)
+    for rank in (0, 1):
+        assert f"rank {rank} refused: rank 1 disagrees with rank 0 on the n-gram cache files" in proc.stdout, \
+            proc.stdout + proc.stderr
