@@ -395,9 +395,9 @@ def cli_run(timeout: float = DEFAULT_TIMEOUT) -> ShardedRun:
     """The :class:`ShardedRun` of ``ngram-spec generate --shard``. Only rank 0 prints: the other
     ranks' ``sys.stdout`` and ``sys.stderr`` go to ``os.devnull`` (the watchdog and
     :meth:`ShardedRun.load` write their messages to file descriptor 2 directly)."""
-    run = ShardedRun(timeout=timeout)
-    if run.rank != 0:
+    group = mx.distributed.init()
+    if group.rank() != 0:   # silenced first, so that a bad timeout is reported once
         sys.stdout = open(os.devnull, "w")
         sys.stderr = open(os.devnull, "w")
-    return run
+    return ShardedRun(group, timeout)
 
