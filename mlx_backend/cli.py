@@ -280,7 +280,13 @@ def run_generate(args) -> int:
         raise ValueError("--dtype float64 is for --backend reference; mlx takes quantized, float32, float16, bfloat16")
     if args.seed is not None:
         mx.random.seed(args.seed)
-    model, tokenizer, desc = load_model(args.model, dtype)
+    shard = None
+    if getattr(args, "shard", None):   # under mlx.launch: see mlx_backend/distributed.py
+        from mlx_backend.distributed import cli_run
+
+        shard = cli_run(args.shard_timeout)
+    model, tokenizer, desc = (shard.load(args.model, args.shard, dtype, "ngram-spec generate") if shard
+                              else load_model(args.model, dtype))
     if args.prompt_tokens is not None:
         from reference.tokens import read_tokens
 
@@ -289,6 +295,8 @@ def run_generate(args) -> int:
         prompt = prompt_tokens(tokenizer, args.prompt, chat_template=not args.ignore_chat_template)
     else:
         raise ValueError("give the prompt as --prompt TEXT or --prompt-tokens FILE")
+    if shard:
+        prompt = shard.prompt(prompt)
     sampler = make_sampler(args.temp, top_p=args.top_p)
     stats, drafter, c_dyn = SpecStats(), None, None
     if args.no_spec:
@@ -297,8 +305,12 @@ def run_generate(args) -> int:
     else:
         c_dyn = load_dynamic(args.dynamic) if args.dynamic else None
         drafter = default_drafter(c_st=args.static, c_dyn=c_dyn)
-        responses = stream_generate(model, tokenizer, mx.array(prompt), max_tokens=args.max_tokens, sampler=sampler,
-                                    draft_max=args.draft_max, drafter=drafter, stats=stats)
+        spec = dict(model=model, sampler=sampler, draft_max=args.draft_max, drafter=drafter)
+        if shard:
+            spec = shard.spec_kwargs(model, sampler=sampler, draft_max=args.draft_max, drafter=drafter,
+                                     c_st=args.static, c_dyn=args.dynamic)
+        responses = stream_generate(tokenizer=tokenizer, prompt=mx.array(prompt), max_tokens=args.max_tokens,
+                                    stats=stats, **spec)
     tokens, text, last = [], [], None
     for last in responses:
         tokens.append(int(last.token))
@@ -307,7 +319,10 @@ def run_generate(args) -> int:
             print(last.text, end="", flush=True)
     if tokens and last.finish_reason == "stop":
         tokens.pop()  # the EOS token, not part of the text (mlx-lm's convention)
-    if drafter is not None and args.dynamic:
+    if shard:
+        shard.check()
+        shard.close()
+    if drafter is not None and args.dynamic and (shard is None or shard.rank == 0):
         save_dynamic(args.dynamic, c_dyn, drafter.c_ctx)
         print(f"saved the dynamic cache to {args.dynamic}", file=sys.stderr)
     n_forward = len(tokens) if args.no_spec else stats.n_forward

@@ -174,9 +174,9 @@ class _RecordingGDN:
     def __call__(self, inputs, mask=None, cache=None):
         if self._ngram_path is None:
             return super().__call__(inputs, mask, cache)
-        if mask is not None or cache is None or getattr(self, "sharding_group", None) is not None:
+        if mask is not None or cache is None:
             raise RollbackUnsupported("verify forward of a GatedDeltaNet layer needs batch size 1, "
-                                      "no padding mask, a cache and no sharding")
+                                      "no padding mask and a cache")
         B, S, _ = inputs.shape
         qkv, z, b, a = self._ngram_projections(self, inputs)
         K = self.conv_kernel_size
@@ -208,8 +208,9 @@ class _RecordingGDN:
         cache[0] = mx.contiguous(conv_input[:, -(K - 1):])
         cache[1] = state
         self._ngram_record = record
-        out = self.norm(out, z)
-        return self.out_proj(out.reshape(B, S, -1))
+        out = self.out_proj(self.norm(out, z).reshape(B, S, -1))
+        group = getattr(self, "sharding_group", None)   # tensor parallel (mlx-lm's shard()): this rank's heads
+        return out if group is None else mx.distributed.all_sum(out, group=group)
 
 
 _SUBCLASSES: dict[tuple[type, type], type] = {}

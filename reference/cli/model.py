@@ -63,6 +63,12 @@ def register(subparsers) -> None:
                    default="auto",
                    help="reference: float32 (auto) or float64 arithmetic; mlx: the weights' type (auto: the "
                         "backend's choice for the machine)")
+    p.add_argument("--shard", choices=("tensor", "pipeline"), default=None,
+                   help="under mlx.launch: shard the model over the ranks with mlx-lm's own tensor-parallel "
+                        "shard() or pipeline() split; only rank 0 prints (docs/distributed.md)")
+    p.add_argument("--shard-timeout", type=float, default=120.0, metavar="SECONDS",
+                   help="with --shard: exit when the other ranks give no sign of life for this long "
+                        "(default: %(default)s)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON record: tokens (generated ids, prompt and a final EOS excluded), text, "
                         "finish_reason (stop: EOS, length: --max-tokens), n_forward, steps, n_drafted, n_accept, "
@@ -106,6 +112,8 @@ def cmd_generate(args) -> int:
         if drafting:
             raise UserError(f"--no-spec decodes without drafts, so {' and '.join(drafting)} would be ignored: "
                             f"drop {'it' if len(drafting) == 1 else 'them'}, or drop --no-spec")
+    if args.shard is not None and args.backend != "mlx":
+        raise UserError("--shard runs the model sharded with mlx; drop --backend reference")
     if args.backend == "mlx":
         try:
             from mlx_backend.cli import run_generate

@@ -1,0 +1,206 @@
+"""Speculation on a model sharded over 2 local ranks (``mlx.launch -n 2 --backend ring``).
+
+Truth: the single-process runs of the same tiny mlx-lm model (mlx-lm's plain greedy
+``generate_step``, and our speculative sampler run with the same seed), computed inside each
+launch by :mod:`tests.dist_worker` before the model is sharded. Greedy speculative output on the
+shards must equal plain greedy output for draft lengths 0..8 (a difference only at a proven
+near-tie), every rank must emit the same tokens, and sampled runs must give rank 0's tokens on every
+rank whatever the other ranks' seeds. ``mlx.launch`` exits 0 even when a rank fails, so the tests
+read the worker's JSON, and show the launch's output when it is missing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from mlx_backend.distributed import WATCHDOG_EXIT, ShardError, shard_model
+from mlx_backend.tiny_mlx import tiny_model
+
+ROOT = Path(__file__).resolve().parents[1]
+NEAR_TIE = 1e-3   # top-2 log-probability gap under which greedy may legitimately part (float32)
+LAUNCH_TIMEOUT = 900
+
+
+def launch(args: list[str], tmp_path: Path, timeout: int = LAUNCH_TIMEOUT) -> subprocess.CompletedProcess:
+    """``mlx.launch -n 2 --backend ring -- <python> args`` from the repository root."""
+    launcher = shutil.which("mlx.launch")
+    assert launcher, "mlx.launch not found (it comes with the mlx package)"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([launcher, "-n", "2", "--backend", "ring", "--", sys.executable, *args],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def first_divergence(truth: list[int], gaps: list[float], tokens: list[int]) -> int | None:
+    """Index where ``tokens`` leaves ``truth`` (None if equal); a divergence must be a near-tie."""
+    assert len(tokens) == len(truth), (truth, tokens)
+    for i, (a, b) in enumerate(zip(truth, tokens)):
+        if a != b:
+            assert gaps[i] < NEAR_TIE, f"token {i}: plain {a} != {b} with top-2 gap {gaps[i]:.3g}"
+            return i
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_next", "llama"])
+def test_sharded_speculation_equals_plain(arch, tmp_path):
+    out = tmp_path / "result.json"
+    proc = launch(["tests/dist_worker.py", arch, str(out)], tmp_path)
+    assert out.exists(), f"the launch wrote no result:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    data = json.loads(out.read_text())
+    assert data["size"] == 2
+    modes = {"qwen3_5": ["tensor", "pipeline"], "qwen3_next": ["pipeline"], "llama": ["tensor"]}[arch]
+    assert [r["mode"] for r in data["results"]] == modes
+    for r in data["results"]:
+        where = f"{arch} {r['mode']}"
+        truth, gaps = r["truth"], r["top2_gap"]
+        # the fact behind "every rank computes the same logits" on the ring backend
+        assert len(set(r["logits_bits_per_rank"])) == 1, f"{where}: ranks computed different logits"
+        first_divergence(truth, gaps, r["sharded_plain"])
+        runs = {run["name"]: run for run in r["runs"]}
+        for k in range(9):
+            run = runs[f"greedy k={k}"]
+            assert len(set(run["tokens_per_rank"])) == 1, f"{where} k={k}: ranks emitted different tokens"
+            first_divergence(truth, gaps, run["tokens"])
+            if k == 0:
+                assert run["n_drafted"] == 0
+            else:   # the scripted drafter makes some drafts right and some wrong
+                assert 0 < run["n_accept"] < run["n_drafted"], f"{where} k={k}: {run}"
+                assert run["steps"] < len(truth)
+        replay = runs["greedy k=4, gdn_path=replay"]
+        assert len(set(replay["tokens_per_rank"])) == 1 and 0 < replay["n_accept"] < replay["n_drafted"]
+        first_divergence(truth, gaps, replay["tokens"])
+        if r["mode"] == modes[0]:
+            run = runs["greedy policy, n-gram drafter"]
+            assert len(set(run["tokens_per_rank"])) == 1
+            first_divergence(truth, gaps, run["tokens"])
+        same, other = runs["sampled, same seed on all ranks"], runs["sampled, other seeds on ranks > 0"]
+        assert len(set(same["tokens_per_rank"])) == 1 and len(set(other["tokens_per_rank"])) == 1
+        assert 0 < same["n_accept"] < same["n_drafted"], f"{where}: {same}"
+        # rank 0's seed decides: equal to the single-process speculative run with that seed
+        assert same["tokens"] == r["ref_sampled"], where
+        assert other["tokens"] == r["ref_sampled"], where
+
+
+@pytest.mark.parametrize("arch, mode, message", [
+    ("qwen3_next", "tensor", "no tensor-parallel sharding for qwen3_next models .*use --shard pipeline"),
+    ("llama", "pipeline", "no pipeline-parallel sharding for llama models .*use --shard tensor"),
+    ("qwen3_5", "sideways", "--shard must be one of tensor, pipeline"),
+])
+def test_shard_mismatch_is_refused(arch, mode, message):
+    import mlx.core as mx
+
+    with pytest.raises(ShardError, match=message):
+        shard_model(tiny_model(arch), mode, mx.distributed.init())
+
+
+def test_architecture_mlx_lm_cannot_shard_is_refused():
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    class Unshardable(nn.Module):
+        model_type = "toy"
+
+    with pytest.raises(ShardError, match="cannot shard toy models .*without --shard"):
+        shard_model(Unshardable(), "tensor", mx.distributed.init())
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def test_a_stuck_rank_does_not_hang_the_others(tmp_path):
+    """Two ring ranks started by hand (no launcher to kill the survivor): rank 1 joins the group and
+    then never takes part; rank 0's watchdog must end it with a message instead of waiting forever."""
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in _free_ports(2)]))
+    script = textwrap.dedent("""
+        import sys, time
+        import mlx.core as mx
+        from mlx_backend.distributed import sharded_generate_step
+        from mlx_backend.tiny_mlx import tiny_model
+        group = mx.distributed.init(strict=True, backend="ring")
+        if group.rank() == 1:
+            time.sleep(60)
+        list(sharded_generate_step([1, 2, 3], tiny_model("llama"), group=group, timeout=2, max_tokens=4, draft_max=2))
+    """)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MLX_HOSTFILE=str(hostfile))
+    procs = [subprocess.Popen([sys.executable, "-c", script], env=dict(env, MLX_RANK=str(r)), cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    try:
+        t0 = time.monotonic()
+        _, err = procs[0].communicate(timeout=120)
+        assert procs[0].returncode == WATCHDOG_EXIT, err
+        assert "rank 0: no progress for 2 s waiting for the other ranks" in err
+        assert time.monotonic() - t0 < 60
+    finally:
+        for p in procs:
+            p.kill()
+            p.communicate()
+
+
+@pytest.mark.slow
+def test_cli_shard_prints_once_and_equals_plain(tmp_path):
+    """``ngram-spec generate --shard`` on 2 ranks: one JSON record (rank 0's), the tokens of the
+    single-process plain run; a --shard that does not fit the model: one message, every rank exits."""
+    model = tmp_path / "tiny"
+    subprocess.run([sys.executable, "-m", "reference", "tiny-model", "--arch", "qwen3_5", "--out", str(model)],
+                   cwd=ROOT, check=True, capture_output=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    prompt = ["--prompt", "ab ab ab ab ab ab ab ab", "--max-tokens", "12", "--json"]
+    plain = subprocess.run([sys.executable, "-m", "reference", "generate", "--model", str(model), "--no-spec",
+                            *prompt], cwd=ROOT, check=True, capture_output=True, text=True,
+                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    proc = launch(["-m", "reference", "generate", "--model", str(model), "--shard", "pipeline",
+                   "--draft-max", "3", *prompt], tmp_path)
+    records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(records) == 1, proc.stdout + proc.stderr
+    assert records[0]["tokens"] == json.loads(plain.stdout)["tokens"]
+    assert "pipeline-parallel over 2 ranks" in records[0]["model"]
+
+    llama = tmp_path / "llama"
+    subprocess.run([sys.executable, "-m", "reference", "tiny-model", "--arch", "llama", "--out", str(llama)],
+                   cwd=ROOT, check=True, capture_output=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    proc = launch(["-m", "reference", "generate", "--model", str(llama), "--shard", "pipeline", *prompt],
+                  tmp_path, timeout=300)
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, proc.stderr
+    assert errors[0].startswith("ngram-spec generate: error: mlx-lm ")
+    assert errors[0].endswith("has no pipeline-parallel sharding for llama models (model.pipeline() is missing): "
+                              "use --shard tensor")
+
+
+@pytest.mark.slow
+def test_ranks_with_different_cache_files_are_stopped(tmp_path):
+    """The start-of-run check: rank 1 holding another --static file than rank 0 is refused on both
+    ranks (the drafts, and so the forward lengths, would differ)."""
+    for rank in (0, 1):
+        (tmp_path / f"static-{rank}.bin").write_bytes(bytes([rank]) * 16)
+    script = textwrap.dedent(f"""
+        from pathlib import Path
+        import mlx.core as mx
+        from mlx_backend.distributed import RankDivergence, check_same
+        group = mx.distributed.init()
+        try:
+            check_same("the n-gram cache files", [Path({str(tmp_path)!r}) / f"static-{{group.rank()}}.bin"], group)
+            print("rank", group.rank(), "agreed", flush=True)
+        except RankDivergence as exc:
+            print("rank", group.rank(), "refused:", exc, flush=True)
+    """)
+    proc = launch(["-c", script], tmp_path, timeout=300)
+    for rank in (0, 1):
+        assert f"rank {rank} refused: rank 1 disagrees with rank 0 on the n-gram cache files" in proc.stdout, \
+            proc.stdout + proc.stderr
