@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from reference.atomic import atomic_write
+
 INT32_MAX = 2**31 - 1
 NPY_MAGIC = b"\x93NUMPY"  # the first bytes of every .npy file
 
@@ -97,7 +99,8 @@ def write_tokens(path: str | os.PathLike, tokens: Iterable[int]) -> None:
         if int(arr.max()) > INT32_MAX:
             raise ValueError(f"token id {int(arr.max())} does not fit in int32")
     arr = arr.astype("<i4")
-    if str(path).endswith(".npy"):
-        np.save(path, arr.astype(np.int32))
-    else:
-        arr.tofile(path)
+    with atomic_write(path) as f:
+        if str(path).endswith(".npy"):
+            np.save(f, arr.astype(np.int32))
+        else:
+            arr.tofile(f)

@@ -150,7 +150,7 @@ def test_bad_input_errors(capsys, tmp_path):
     cases.append((["merge", V("syn-static.bin"), truncated, "-o", tmp_path / "m.bin"], "byte offset 84"))
     ours = tmp_path / "ours.bin"
     ours.write_bytes(b"NGRAMSPC" + bytes(376))
-    cases.append((["inspect", ours, "--backend", "reference"], "read it with --backend mlx, or convert it"))
+    cases += [(["inspect", ours, "--backend", b], "wrong endianness") for b in ("reference", "mlx")]
     for argv, message in cases:
         rc, _, err = run(capsys, *argv)
         assert rc == 2, argv
@@ -163,10 +163,13 @@ def test_empty_input_reports_zeros(capsys, tmp_path):
     rc, out, _ = run(capsys, "stats", empty, "--json")
     summary = json.loads(out)
     assert rc == 0 and summary["n_drafted"] == summary["n_accept"] == summary["n_chunks"] == 0
-    rc, _, _ = run(capsys, "create", empty, "-o", tmp_path / "e.bin")
-    assert rc == 0 and (tmp_path / "e.bin").stat().st_size == 0
-    rc, out, _ = run(capsys, "inspect", tmp_path / "e.bin")
-    assert rc == 0 and "0 n-grams, 0 entries, total count 0" in out
+    rc, _, err = run(capsys, "create", empty, "-o", tmp_path / "e.bin")  # llama.cpp's format has no empty file
+    assert rc == 2 and "the cache is empty: nothing to write" in err and not (tmp_path / "e.bin").exists()
+    (tmp_path / "e.bin").write_bytes(b"")
+    for argv in (["inspect", tmp_path / "e.bin"], ["stats", empty, "--static", tmp_path / "e.bin"]):
+        for backend in ("reference", "mlx"):
+            rc, out, err = run(capsys, *argv, "--backend", backend)
+            assert rc == 2 and "e.bin: empty file (0 bytes)" in err, (argv, backend, err)
 
 
 

@@ -140,7 +140,8 @@ def test_empty_input(tmp_path):
     (tmp_path / "empty.i32").write_bytes(b"")
     assert read_tokens(tmp_path / "empty.i32").size == 0
     (tmp_path / "empty.bin").write_bytes(b"")
-    assert len(load_cache(tmp_path / "empty.bin")) == 0
+    with pytest.raises(CacheFileError, match=r"empty\.bin: empty file \(0 bytes\)"):
+        load_cache(tmp_path / "empty.bin")  # not an empty cache: llama.cpp's format has no empty file a user means
     d = NgramDrafter()
     d.reset([])
     assert d.draft(4) == []
@@ -156,11 +157,11 @@ def test_static_cache_must_hold_2_grams_only():
     NgramDrafter(c_dyn=dyn)  # fine as the dynamic cache
 
 
-def test_our_memory_mapped_format_is_named_with_the_fix(tmp_path):
-    """The llama.cpp-format reader recognizes our format's magic and says how to read it."""
+def test_reference_reads_our_format_and_checks_its_header(tmp_path):
+    """The reference reads our memory-mapped format (it refused it before) and checks its header."""
     path = tmp_path / "ours.bin"
     path.write_bytes(b"NGRAMSPC" + bytes(376))
-    with pytest.raises(ValueError, match=r"memory-mapped format .* --backend mlx, or convert it: ngram-spec convert"):
+    with pytest.raises(CacheFileError, match=r"byte-order mark 0x00000000 .*wrong endianness"):
         load_cache(path)
 
 

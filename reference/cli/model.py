@@ -239,14 +239,8 @@ def make_drafter(args):
 
 
 def save_dynamic(cache, path: str) -> None:
-    """Write ``cache`` to a temporary file next to ``path``, then rename it: never a half-written cache."""
+    """Write ``cache`` atomically (``save_cache`` uses reference.atomic): never a half-written cache."""
     from reference.cache_file import save_cache
 
-    tmp = f"{path}.tmp.{os.getpid()}"
-    try:
-        save_cache(cache, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    save_cache(cache, path)
     print(f"saved the dynamic cache to {path}", file=sys.stderr)

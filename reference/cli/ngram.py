@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import inspect
 import json
 import sys
 import time
 from pathlib import Path
 
-from reference.backends import BACKENDS, get_backend
+from reference.atomic import atomic_write, check_outputs
+from reference.backends import BACKENDS, DEFAULT_HELP, get_backend
 from reference.cli import UserError
 from reference.draft import SCORES
 from reference.replay import check_replay_args
@@ -65,7 +67,8 @@ def register(subparsers) -> None:
                    help="write one line 'pos k d_1 .. d_k' per draft call (the conformance vectors' dump format)")
     p.add_argument("--save-dynamic", metavar="FILE",
                    help="save the dynamic cache after the replay (the --dynamic one plus every replayed chunk)")
-    p.add_argument("--json", action="store_true", help="print a JSON summary instead of lookup-stats' lines")
+    p.add_argument("--json", action="store_true",
+                   help="print a JSON summary (with the backend that ran) instead of lookup-stats' lines")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (it shows only on a terminal)")
     add_format_arg(p)
     add_backend_arg(p)
@@ -89,7 +92,7 @@ def register(subparsers) -> None:
                     "example: ngram-spec inspect static.bin --top 5")
     p.add_argument("file", metavar="FILE", help="cache file")
     p.add_argument("--top", type=int, default=10, help="how many top entries to list (default: %(default)s)")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--json", action="store_true", help="print JSON (with the backend that ran)")
     add_backend_arg(p)
     p.set_defaults(func=cmd_inspect)
 
@@ -97,13 +100,13 @@ def register(subparsers) -> None:
 def add_format_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=("llama", "ours"), default="llama",
                    help="format of the cache file written: llama (llama.cpp's, default) or ours (memory-mapped, "
-                        "docs/cache-format.md; needs --backend mlx). Either format is read.")
+                        "docs/cache-format.md; written by --backend mlx). Either backend reads either format.")
 
 
 def add_backend_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default=None, metavar="NAME",
                    help=f"implementation to use: {' or '.join(sorted(BACKENDS))} (or module.path:object "
-                        "exporting the same API; default: $NGRAM_SPEC_BACKEND or reference)")
+                        f"exporting the same API; {DEFAULT_HELP}); the one that ran is named in the output")
 
 
 # --- helpers -------------------------------------------------------------------------------------
@@ -155,10 +158,10 @@ def load_cache_file(backend, path: str, what: str = ""):
     return backend.load_cache(path)
 
 
-def check_format(backend, fmt: str) -> None:
+def check_format(backend, fmt: str, flag: str = "--format") -> None:
     """Before any work: only the mlx backend writes our format."""
     if fmt != "llama" and not hasattr(backend, "detect_format"):
-        raise UserError(f"--format {fmt} needs --backend mlx")
+        raise UserError(f"{flag} {fmt} needs --backend mlx")
 
 
 def save_cache_file(backend, cache, path: str, fmt: str) -> None:
@@ -185,6 +188,7 @@ def check_static(backend, cache, path: str) -> None:
 def cmd_create(args) -> int:
     backend = get_backend(args.backend)
     check_format(backend, args.format)
+    check_outputs({"-o": args.output, "--tokens-out": args.tokens_out}, inputs=[args.input, args.tokenizer])
     if args.tokenizer:
         encode = load_tokenizer(args.tokenizer)
         try:
@@ -203,7 +207,7 @@ def cmd_create(args) -> int:
     cache = backend.build_static(tokens)
     save_cache_file(backend, cache, args.output, args.format)
     print(f"{args.output}: {len(cache)} 2-grams, {cache.n_entries()} entries from {len(tokens)} tokens "
-          f"({time.perf_counter() - t0:.2f} s)", file=sys.stderr)
+          f"({time.perf_counter() - t0:.2f} s, backend {backend_name(backend)})", file=sys.stderr)
     return 0
 
 
@@ -215,6 +219,8 @@ def cmd_stats(args) -> int:
     backend = get_backend(args.backend)
     if args.save_dynamic:
         check_format(backend, args.format)
+    check_outputs({"--save-dynamic": args.save_dynamic, "--drafts-out": args.drafts_out},
+                  inputs=[args.tokens, args.static, args.dynamic])
     tokens = read_input_tokens(backend, args.tokens)
     t0 = time.perf_counter()
     c_st = load_cache_file(backend, args.static, "static") if args.static else None
@@ -223,22 +229,18 @@ def cmd_stats(args) -> int:
     if c_st is not None:
         check_static(backend, c_st, args.static)
 
-    dump = open(args.drafts_out, "w", newline="\n") if args.drafts_out else None
-    if dump is not None:
-        dump.write(f"# variant={backend_name(backend)} n_ctx={args.n_ctx} n_draft={args.n_draft} "
-                   f"static={args.static or ''} dynamic={args.dynamic or ''}\n")
-        dump.write(DRAFT_DUMP_HEADER)
-    on_draft = (lambda pos, drafts: dump.write(dump_line(pos, drafts))) if dump is not None else None
-
     extra = {}
     if "progress" in inspect.signature(backend.replay).parameters:
         extra["progress"] = False if args.no_progress else None  # None: a bar on a terminal only
-    try:
+    with contextlib.ExitStack() as files:
+        dump = files.enter_context(atomic_write(args.drafts_out, "w", newline="\n")) if args.drafts_out else None
+        if dump is not None:
+            dump.write(f"# variant={backend_name(backend)} n_ctx={args.n_ctx} n_draft={args.n_draft} "
+                       f"static={args.static or ''} dynamic={args.dynamic or ''}\n")
+            dump.write(DRAFT_DUMP_HEADER)
+        on_draft = (lambda pos, drafts: dump.write(dump_line(pos, drafts))) if dump is not None else None
         stats = backend.replay(tokens, n_ctx=args.n_ctx, n_draft=args.n_draft, c_st=c_st, c_dyn=c_dyn,
                                on_draft=on_draft, score=args.score, **extra)
-    finally:
-        if dump is not None:
-            dump.close()
     if args.save_dynamic:
         save_cache_file(backend, stats.c_dyn, args.save_dynamic, args.format)
 
@@ -273,11 +275,12 @@ def cmd_stats(args) -> int:
 def cmd_merge(args) -> int:
     backend = get_backend(args.backend)
     check_format(backend, args.format)
+    check_outputs({"-o": args.output}, inputs=args.inputs)
     caches = [load_cache_file(backend, path, "input") for path in args.inputs]
     merged = backend.merge_caches(caches)
     save_cache_file(backend, merged, args.output, args.format)
     print(f"{args.output}: {merged.n_entries()} entries, total count {merged.total()} "
-          f"from {len(args.inputs)} file(s)", file=sys.stderr)
+          f"from {len(args.inputs)} file(s) (backend {backend_name(backend)})", file=sys.stderr)
     return 0
 
 
@@ -314,7 +317,7 @@ def cmd_inspect(args) -> int:
     cache = load_cache_file(backend, args.file)
     summary = (backend.describe_cache(cache, args.top) if hasattr(backend, "describe_cache")
                else describe(cache_rows(backend, cache), args.top))
-    info = {"file": args.file, **summary}
+    info = {"file": args.file, "backend": backend_name(backend), **summary}
     if args.json:
         print(json.dumps(info, indent=1))
         return 0
