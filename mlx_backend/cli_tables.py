@@ -8,7 +8,8 @@ import time
 
 from reference.atomic import check_outputs
 from reference.backends import get_backend
-from reference.cli.ngram import add_backend_arg, backend_name, check_format, load_cache_file, save_cache_file
+from reference.cli.ngram import (add_backend_arg, backend_name, check_format, check_input_file, load_cache_file,
+                                 save_cache_file)
 
 FORMATS = ("ours", "llama")
 
@@ -37,6 +38,7 @@ def register(subparsers) -> None:
 
 
 def run_convert(args: argparse.Namespace) -> int:
+    check_input_file(args.input, "input cache file")
     check_outputs({"-o": args.output}, inputs=[args.input])
     if os.path.exists(args.output) and not args.force:
         raise ValueError(f"{args.output} exists; pass --force to overwrite it")

@@ -241,3 +241,24 @@ def test_os_errors_name_the_file(tmp_path, capsys):
     assert main(["create", str(V("edge-rep5.i32")), "-o", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert err == f"ngram-spec create: error: {out}: No such file or directory"
+
+
+@pytest.mark.parametrize("backend", ["reference", "mlx"])
+def test_a_directory_as_input_says_is_a_directory(tmp_path, capsys, backend):
+    """A directory given as a token or cache path is named as a directory (it said "no such file")."""
+    d = tmp_path / "folder"
+    d.mkdir()
+    toks = V("edge-rep5.i32")
+    for argv in (["stats", d], ["stats", toks, "--static", d], ["stats", toks, "--dynamic", d], ["inspect", d],
+                 ["merge", V("syn-static.bin"), d, "-o", tmp_path / "m.bin"], ["create", d, "-o", tmp_path / "c.bin"],
+                 ["convert", d, "-o", tmp_path / "c.bin", "--to", "llama"]):
+        rc, _, err = run(capsys, *argv, "--backend", backend)
+        assert rc == 2 and f"{d}: is a directory" in err and "no such file" not in err, (argv, err)
+
+
+@pytest.mark.parametrize("backend", ["reference", "mlx"])
+def test_npy_token_file_outside_int32_is_refused(tmp_path, capsys, backend):
+    path = tmp_path / "t.npy"
+    np.save(path, np.array([7, 8, -2**32 + 5, 7, 8], np.int64))
+    rc, _, err = run(capsys, "stats", path, "--n-ctx", 2, "--backend", backend)
+    assert rc == 2 and "token id -4294967291 at index 2 is outside [0, 2**31-1]" in err, err

@@ -102,7 +102,7 @@ def test_npy_must_be_1d_integers(tmp_path):
     with pytest.raises(ValueError, match="1-D integer array"):
         read_tokens(path)
     np.save(path, np.array([1, 2**40]))
-    with pytest.raises(ValueError, match="does not fit in int32"):
+    with pytest.raises(ValueError, match=r"is outside \[0, 2\*\*31-1\]"):
         read_tokens(path)
     path.write_bytes(np.array([1, 2], dtype="<i4").tobytes())  # raw int32 named .npy
     with pytest.raises(ValueError, match=r"t.npy: not a .npy file .* name raw little-endian int32 token files .i32"):
@@ -191,3 +191,16 @@ def test_loading_a_cache_file_reports_progress_over_its_bytes(tmp_path, monkeypa
     load_cache(path)
     assert [(b.total, b.n) for b in bars] == [(64, 64)]
     assert bars[0].kwargs["disable"] is None  # None: shown only on a terminal
+
+
+@pytest.mark.parametrize("bad", [-2**32 + 5, -1, 2**31, 2**33 + 5])
+def test_npy_ids_outside_int32_are_refused_before_the_cast(tmp_path, bad):
+    """An int64 .npy id outside [0, 2**31-1] is refused, both bounds (-2**32+5 became 5 by the cast before)."""
+    path = tmp_path / "t.npy"
+    np.save(path, np.array([1, 2, bad, 3], np.int64))
+    with pytest.raises(ValueError, match=rf"token id {bad} at index 2 is outside \[0, 2\*\*31-1\]"):
+        read_tokens(path)
+    with pytest.raises(ValueError, match=rf"token id {bad} at index 2 is outside"):
+        write_tokens(tmp_path / "u.i32", np.array([1, 2, bad, 3], np.int64))
+    np.save(path, np.array([0, 2**31 - 1], np.uint64))
+    assert read_tokens(path).tolist() == [0, 2**31 - 1]  # both bounds themselves are ids

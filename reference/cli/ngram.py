@@ -146,15 +146,21 @@ def backend_name(backend) -> str:
     return getattr(backend, "NAME", backend.__name__)
 
 
-def read_input_tokens(backend, path: str):
+def check_input_file(path: str, what: str = "") -> None:
+    """A user-given input path must be a file: say "is a directory" or "no such file" (one line)."""
+    if Path(path).is_dir():
+        raise UserError(f"{what} {path}: is a directory, not a file".lstrip())
     if not Path(path).is_file():
-        raise UserError(f"{path}: no such file")
+        raise UserError(f"{what} {path}: no such file".lstrip())
+
+
+def read_input_tokens(backend, path: str):
+    check_input_file(path)
     return backend.read_tokens(path)
 
 
 def load_cache_file(backend, path: str, what: str = ""):
-    if not Path(path).is_file():
-        raise UserError(f"{what} cache file {path}: no such file".lstrip())
+    check_input_file(path, f"{what} cache file".lstrip())
     return backend.load_cache(path)
 
 
