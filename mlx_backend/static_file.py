@@ -18,7 +18,6 @@ True
 """
 from __future__ import annotations
 
-import hashlib
 import lzma
 import os
 import struct
@@ -34,8 +33,8 @@ from mlx_backend.tables_sorted import INT32_MAX, Section, SortedCache, cache_fro
 from reference.atomic import atomic_write
 from reference.cache_file import EMPTY_CACHE, EMPTY_FILE, CacheFileError
 # the layout's constants (docs/cache-format.md) are shared with the reference's plain reader
-from reference.ours_file import (ALIGN, BOM, CRC_AT, HEADER_SIZE, MAGIC, PREFIX, SECTION, VERSION,
-                                 tokenizer_mismatch)
+from reference.ours_file import (ALIGN, BOM, CRC_AT, HEADER_SIZE, MAGIC, PREFIX, SECTION, VERSION,  # noqa: F401
+                                 tokenizer_fingerprint, tokenizer_mismatch, vocab_fingerprint)
 
 FORMATS = ("ours", "llama")
 
@@ -321,23 +320,3 @@ def save_cache(cache, path: str | os.PathLike, format: str = "llama") -> None:
         save_llama(cache, path)
     else:
         raise ValueError(f"unknown cache format {format!r}; choose one of {', '.join(FORMATS)}")
-
-
-def vocab_fingerprint(vocab: dict) -> bytes:
-    """A tokenizer fingerprint: SHA-256 over the ``token -> id`` pairs sorted by id (str or bytes tokens).
-
-    >>> len(vocab_fingerprint({"a": 0, "b": 1})), vocab_fingerprint({"a": 0, "b": 1}) == vocab_fingerprint({"a": 1, "b": 0})
-    (32, False)
-    """
-    h = hashlib.sha256()
-    for tok, i in sorted(vocab.items(), key=lambda kv: kv[1]):
-        b = tok if isinstance(tok, bytes) else str(tok).encode("utf-8", "surrogatepass")
-        h.update(struct.pack("<iI", int(i), len(b)) + b)
-    return h.digest()
-
-
-def tokenizer_fingerprint(tokenizer) -> tuple[int, bytes]:
-    """``(vocab_size, fingerprint)`` of a tokenizer with ``get_vocab()`` (``tokenizers.Tokenizer``,
-    transformers tokenizers) or of a ``token -> id`` dict, for the header of our format."""
-    vocab = tokenizer if isinstance(tokenizer, dict) else tokenizer.get_vocab()
-    return (max(vocab.values()) + 1 if vocab else 0), vocab_fingerprint(vocab)

@@ -8,6 +8,7 @@ checked, with the byte offset of the first violation.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import struct
 import zlib
@@ -33,6 +34,43 @@ def key_slots(w0: int, w1: int) -> list[int]:
     def low(w: int) -> int:  # the low 32 bits as a signed int32 (-1 pads)
         return (w & 0xFFFFFFFF) - ((w & 0x80000000) << 1)
     return [w0 >> 32, low(w0), w1 >> 32, low(w1)]
+
+
+def vocab_fingerprint(vocab: dict) -> bytes:
+    """A tokenizer fingerprint: SHA-256 over the ``token -> id`` pairs sorted by id (str or bytes tokens).
+
+    >>> len(vocab_fingerprint({"a": 0, "b": 1})), vocab_fingerprint({"a": 0, "b": 1}) == vocab_fingerprint({"a": 1, "b": 0})
+    (32, False)
+    """
+    h = hashlib.sha256()
+    for tok, i in sorted(vocab.items(), key=lambda kv: kv[1]):
+        b = tok if isinstance(tok, bytes) else str(tok).encode("utf-8", "surrogatepass")
+        h.update(struct.pack("<iI", int(i), len(b)) + b)
+    return h.digest()
+
+
+def tokenizer_fingerprint(tokenizer) -> tuple[int, bytes]:
+    """``(vocab_size, fingerprint)`` of a tokenizer with ``get_vocab()`` (``tokenizers.Tokenizer``,
+    transformers tokenizers) or of a ``token -> id`` dict, for the header of our format."""
+    vocab = tokenizer if isinstance(tokenizer, dict) else tokenizer.get_vocab()
+    return (max(vocab.values()) + 1 if vocab else 0), vocab_fingerprint(vocab)
+
+
+def check_file_tokenizer(tokenizer, *paths: str | os.PathLike | None) -> None:
+    """Refuse a cache file of our format that records another tokenizer than ``tokenizer`` (anything
+    :func:`tokenizer_fingerprint` takes; None: unknown, nothing checked). Only headers are read; paths
+    that are None or missing are skipped, and llama.cpp's format records no tokenizer."""
+    for path in paths:
+        if tokenizer is None or path is None or not os.path.isfile(path):
+            continue
+        with open(path, "rb") as f:
+            head = f.read(PREFIX.size)
+        if len(head) < PREFIX.size or not head.startswith(MAGIC):
+            continue
+        *_, cache_vocab, cache_fingerprint = PREFIX.unpack(head)
+        problem = tokenizer_mismatch(cache_vocab, cache_fingerprint, *tokenizer_fingerprint(tokenizer))
+        if problem:
+            raise ValueError(f"cache file {path}: {problem}")
 
 
 def tokenizer_mismatch(cache_vocab: int, cache_fingerprint: bytes, vocab_size: int | None,

@@ -262,3 +262,43 @@ def test_npy_token_file_outside_int32_is_refused(tmp_path, capsys, backend):
     np.save(path, np.array([7, 8, -2**32 + 5, 7, 8], np.int64))
     rc, _, err = run(capsys, "stats", path, "--n-ctx", 2, "--backend", backend)
     assert rc == 2 and "token id -4294967291 at index 2 is outside [0, 2**31-1]" in err, err
+
+
+@pytest.mark.parametrize("backend", ["reference", "mlx"])
+def test_create_with_a_tokenizer_records_it_and_generate_refuses_another(capsys, tmp_path, backend):
+    """`create --tokenizer T --format ours` records T's vocabulary size and fingerprint (it wrote 0 and
+    zeros before), so `generate` with a model of another tokenizer refuses the cache, on either backend."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from reference.ours_file import tokenizer_fingerprint
+
+    model = tmp_path / "model"
+    assert main(["tiny-model", "--arch", "llama", "--out", str(model)]) == 0
+    other = tmp_path / "other"
+    other.mkdir()
+    words = tokenizers.Tokenizer(tokenizers.models.WordLevel({"[UNK]": 0, "the": 1, "cat": 2}, unk_token="[UNK]"))
+    words.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    words.save(str(other / "tokenizer.json"))
+    (tmp_path / "corpus.txt").write_text("the cat the cat the cat the cat")
+    for name, tok in (("mine.ngc", model), ("theirs.ngc", other)):
+        rc, _, err = run(capsys, "create", tmp_path / "corpus.txt", "--tokenizer", tok, "--format", "ours",
+                         "-o", tmp_path / name, "--backend", "mlx")
+        assert rc == 0, err
+    want = tokenizer_fingerprint(tokenizers.Tokenizer.from_file(str(model / "tokenizer.json")))
+    for load in (load_cache, lambda p: __import__("mlx_backend.api").api.load_cache(p)):
+        cache = load(tmp_path / "mine.ngc")
+        assert (cache.vocab_size, bytes(cache.fingerprint)) == want and want[0] > 0
+    generate = ["generate", "--backend", backend, "--model", model, "--prompt", "the cat", "--max-tokens", 2,
+                "--ignore-chat-template", "--json"]
+    rc, _, err = run(capsys, *generate, "--static", tmp_path / "theirs.ngc")
+    assert rc == 2 and "theirs.ngc: built for a vocabulary of 3 tokens" in err, err
+    rc, _, err = run(capsys, *generate, "--static", tmp_path / "mine.ngc")
+    assert rc == 0, err
+
+
+def test_generate_refuses_the_static_cache_as_dynamic(capsys, tmp_path):
+    static = tmp_path / "s.bin"
+    static.write_bytes(V("syn-static.bin").read_bytes())
+    rc, _, err = run(capsys, "generate", "--backend", "reference", "--model", tmp_path, "--prompt", "x",
+                     "--static", static, "--dynamic", static)
+    assert rc == 2 and "--dynamic" in err and "is the same file as the input" in err, err
+    assert static.read_bytes() == V("syn-static.bin").read_bytes()

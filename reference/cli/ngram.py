@@ -20,6 +20,7 @@ from reference.atomic import atomic_write, check_outputs
 from reference.backends import BACKENDS, DEFAULT_HELP, get_backend
 from reference.cli import UserError
 from reference.draft import SCORES
+from reference.ours_file import tokenizer_fingerprint
 from reference.replay import check_replay_args
 
 DRAFT_DUMP_HEADER = "# pos k draft_1..draft_k  (pos = index in the token file of the token draft_1 predicts)\n"
@@ -112,16 +113,15 @@ def add_backend_arg(p: argparse.ArgumentParser) -> None:
 # --- helpers -------------------------------------------------------------------------------------
 
 def load_tokenizer(path: str):
-    """A function ``(text, add_special) -> token ids`` from a Hugging Face ``tokenizer.json`` (or a
-    directory holding one), or from the vocabulary stored in a ``.gguf`` model file."""
+    """A Hugging Face tokenizer (``encode(text, add_special_tokens=...)``, ``get_vocab()``) from a
+    ``tokenizer.json`` (or a directory holding one), or from the vocabulary stored in a ``.gguf`` model file."""
     p = Path(path)
     if p.suffix == ".gguf":
         try:
             from mlx_backend.tokenizer import load_gguf_tokenizer
         except ImportError as exc:
             raise UserError(f"a .gguf tokenizer needs the mlx extra ({exc}): pip install 'ngram-spec[mlx]'") from exc
-        hf = load_gguf_tokenizer(p)._tokenizer
-        return lambda text, add_special=True: hf.encode(text, add_special_tokens=add_special)
+        return load_gguf_tokenizer(p)._tokenizer
     file = p / "tokenizer.json" if p.is_dir() else p
     if not file.is_file():
         raise UserError(f"tokenizer {path}: no tokenizer.json found (pass the file, the directory holding it, "
@@ -131,10 +131,15 @@ def load_tokenizer(path: str):
     except ImportError as exc:
         raise UserError("--tokenizer needs the 'tokenizers' package: pip install tokenizers") from exc
     try:
-        tok = Tokenizer.from_file(str(file))
+        return Tokenizer.from_file(str(file))
     except Exception as exc:  # the library raises its own exception type
         raise UserError(f"tokenizer {file}: cannot load it ({exc})") from exc
-    return lambda text, add_special=True: tok.encode(text, add_special_tokens=add_special).ids
+
+
+def encode(tokenizer, text: str, add_special: bool) -> list[int]:
+    """``text`` as token ids (a ``tokenizers.Tokenizer`` returns an Encoding, transformers' a list)."""
+    ids = tokenizer.encode(text, add_special_tokens=add_special)
+    return ids if isinstance(ids, list) else ids.ids
 
 
 def dump_line(pos: int, drafts: list[int]) -> str:
@@ -195,13 +200,15 @@ def cmd_create(args) -> int:
     backend = get_backend(args.backend)
     check_format(backend, args.format)
     check_outputs({"-o": args.output, "--tokens-out": args.tokens_out}, inputs=[args.input, args.tokenizer])
+    tokenizer = None
     if args.tokenizer:
-        encode = load_tokenizer(args.tokenizer)
+        tokenizer = load_tokenizer(args.tokenizer)
+        check_input_file(args.input)
         try:
             text = Path(args.input).read_text(encoding="utf-8")
         except UnicodeDecodeError as exc:
             raise UserError(f"{args.input}: not UTF-8 text ({exc}); token files need no --tokenizer") from exc
-        tokens = encode(text, not args.no_special)
+        tokens = encode(tokenizer, text, not args.no_special)
     else:
         if Path(args.input).suffix in (".txt", ".md", ".rst", ".text"):
             raise UserError(f"{args.input} looks like a text file: pass --tokenizer PATH to tokenize it")
@@ -211,6 +218,8 @@ def cmd_create(args) -> int:
         write_tokens(args.tokens_out, tokens)
     t0 = time.perf_counter()
     cache = backend.build_static(tokens)
+    if tokenizer is not None and args.format == "ours":  # recorded, so the cache is refused with another tokenizer
+        cache.vocab_size, cache.fingerprint = tokenizer_fingerprint(tokenizer)
     save_cache_file(backend, cache, args.output, args.format)
     print(f"{args.output}: {len(cache)} 2-grams, {cache.n_entries()} entries from {len(tokens)} tokens "
           f"({time.perf_counter() - t0:.2f} s, backend {backend_name(backend)})", file=sys.stderr)
