@@ -168,3 +168,10 @@ def test_a_signal_mid_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path,
     assert rc == (130 if signum == signal.SIGINT else 128 + signal.SIGTERM), proc.stderr.read().decode()
     assert out.read_bytes() == OLD
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no temporary file left
+
+
+def test_generate_help_says_an_interrupted_run_learns_nothing(capsys):
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    assert "interrupted before the end (Ctrl-C) learns nothing and leaves the file as it was" in " ".join(
+        capsys.readouterr().out.split())
