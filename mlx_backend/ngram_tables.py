@@ -416,7 +416,7 @@ def _try_primary(T, which, P, D, L, k, st_lo, st_hi, ST, int32):
     return -1
 
 
-@njit(cache=True)
+@njit(inline="always")
 def _next_token(P, D, L, k, C, Y, has_dyn, ST, int32):
     """The token drafted after ``S = P[:L] ++ D[:k]`` (context, then dynamic, then static-only), or -1
     (one iteration of ``common_ngram_cache_draft``, ngram-cache.cpp:158-196)."""
@@ -499,16 +499,18 @@ def replay_chunk(X, n_draft, C, Y, ST, int32, i_start, rec_pos, rec_k, rec_d, n_
     draft, accept the matching prefix, append the "sampled" token, counting each appended token into
     ``C``. Call ``n_calls + c`` records its position and draft count in ``rec_pos``/``rec_k`` and,
     if ``record_drafts``, its tokens in ``rec_d``, one call after the other (grown as needed).
-    Without recording, a draft is kept only while it matches the chunk (what can be accepted) and
-    the rest is only measured (:func:`draft_length`), so a large ``n_draft`` costs nothing beyond that.
+    Without recording and with ``n_draft`` above the chunk, a draft is kept only while it matches the
+    chunk (what can be accepted) and the rest is only measured (:func:`draft_length`), so a large
+    ``n_draft`` costs nothing beyond that.
     Returns ``(n_calls after the chunk, n_drafted, n_accept, rec_d)``."""
     n_ctx = X.size
-    D = np.empty(n_draft if record_drafts else min(n_draft, n_ctx + NGRAM_MAX), np.int32)
+    keep_all = record_drafts or n_draft <= n_ctx + NGRAM_MAX
+    D = np.empty(n_draft if keep_all else n_ctx + NGRAM_MAX, np.int32)
     n_drafted = n_accept = 0
     used = 0  # tokens in rec_d
     L = 1
     while L < n_ctx:
-        if record_drafts or L < 2:
+        if keep_all or L < 2:
             k = draft_into(X, L, D, n_draft, C, Y, True, ST, int32)
         else:  # keep the draft while it matches the chunk (and S has 4 tokens), then only measure it
             k = 0
