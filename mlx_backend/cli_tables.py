@@ -47,15 +47,26 @@ def run_convert(args: argparse.Namespace) -> int:
     backend = get_backend(args.backend)
     check_format(backend, args.to, "--to")
     t0 = time.perf_counter()
-    if not hasattr(backend, "convert"):  # the reference: read either format, write llama.cpp's
+    if hasattr(backend, "convert"):  # mlx: checks every array of our format, can record --vocab-size
+        from mlx_backend.static_file import check_tokenizer, load_cache
+
+        cache = load_cache(args.input, verify=True)
+        if args.vocab_size:
+            check_tokenizer(cache, args.input, args.vocab_size, None)
+            top = max((int(s.tokens.max()) for s in cache.sections.values() if s.n_entries), default=-1)
+            top = max([top] + [int(s.key_words()[0].max() >> 32) for s in cache.sections.values()])
+            if top >= args.vocab_size:
+                raise ValueError(f"token id {top} in {args.input} does not fit --vocab-size {args.vocab_size}")
+            cache.vocab_size = args.vocab_size
+    else:  # the reference reads either format, writes llama.cpp's
         if args.vocab_size:
             raise ValueError("--vocab-size is recorded in our format's header: use --backend mlx --to ours")
         cache = load_cache_file(backend, args.input, "input")
-        save_cache_file(backend, cache, args.output, args.to)
-        print(f"{args.input} -> {args.output} ({args.to}, backend {backend_name(backend)}): {len(cache)} n-grams, "
-              f"{cache.n_entries()} entries, {os.path.getsize(args.output)} bytes, "
-              f"{time.perf_counter() - t0:.2f} s", file=sys.stderr)
-        return 0
+    save_cache_file(backend, cache, args.output, args.to)
+    print(f"{args.input} -> {args.output} ({args.to}, backend {backend_name(backend)}): {len(cache)} n-grams, "
+          f"{cache.n_entries()} entries, {os.path.getsize(args.output)} bytes, {time.perf_counter() - t0:.2f} s",
+          file=sys.stderr)
+    return 0
     from mlx_backend.static_file import load_cache, save_cache
 
     cache = load_cache(args.input, verify=True)
@@ -69,7 +80,8 @@ def run_convert(args: argparse.Namespace) -> int:
             raise ValueError(f"token id {top} in {args.input} does not fit --vocab-size {args.vocab_size}")
         cache.vocab_size = args.vocab_size
     save_cache(cache, args.output, format=args.to)
-    print(f"{args.input} -> {args.output} ({args.to}, backend {backend_name(backend)}): {len(cache)} n-grams, {cache.n_entries()} entries, "
+    print(f"{args.input} -> {args.output} ({args.to}, backend {backend_name(backend)}): {len(cache)} n-grams, "
+          f"{cache.n_entries()} entries, "
           f"sizes {sorted(cache.sizes())}, {os.path.getsize(args.output)} bytes, "
           f"{time.perf_counter() - t0:.2f} s", file=sys.stderr)
     return 0
