@@ -37,8 +37,10 @@ def backend_cache(impl, name: str | None):
 
 
 def to_backend(impl, cache: Cache | None):
-    """Hand ``cache`` to the backend the way a user would: as a llama.cpp cache file it loads."""
-    if cache is None:
+    """Hand ``cache`` to the backend the way a user would: as a llama.cpp cache file it loads. An empty
+    cache is handed as no cache (``None``, the same drafts): its file would be empty, which our backends
+    refuse (docs/spec-map.md)."""
+    if not cache:
         return None
     fd, path = tempfile.mkstemp(suffix=".bin", prefix="ngram-spec-conformance-")
     try:

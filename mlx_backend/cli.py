@@ -273,6 +273,7 @@ def run_generate(args) -> int:
 
     from mlx_backend.dynamic_cache import load_dynamic, save_dynamic
     from mlx_backend.generate import SpecStats, default_drafter, stream_generate
+    from reference.ours_file import check_file_tokenizer
 
     dtype = getattr(args, "dtype", None)
     dtype = None if dtype in (None, "auto") else dtype
@@ -303,6 +304,7 @@ def run_generate(args) -> int:
         responses = plain_stream_generate(model, tokenizer, mx.array(prompt), max_tokens=args.max_tokens,
                                           sampler=sampler)
     else:
+        check_file_tokenizer(tokenizer, args.static, args.dynamic)
         c_dyn = load_dynamic(args.dynamic) if args.dynamic else None
         drafter = default_drafter(c_st=args.static, c_dyn=c_dyn)
         spec = dict(model=model, sampler=sampler, draft_max=args.draft_max, drafter=drafter)

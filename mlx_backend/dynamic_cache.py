@@ -2,10 +2,9 @@
 
 As llama.cpp's lookup example (``--lookup-cache-dynamic``): ``c_dyn`` is loaded before generation
 (empty if the file does not exist yet), used read-only for drafting, and at the end the run's
-context cache ``c_ctx`` is merged into it and the result written back. The write goes to a
-temporary file in the same directory, is flushed to disk, and then replaces the old file with
-``os.replace`` (atomic on POSIX and Windows), so an interrupted run leaves either the old or the
-new cache, never a truncated one.
+context cache ``c_ctx`` is merged into it and the result written back with
+:func:`reference.atomic.atomic_write` (a temporary file in the same directory, fsync'ed, renamed over
+the old one), so an interrupted run leaves either the old or the new cache, never a truncated one.
 
 >>> import tempfile, os, reference.api as api
 >>> path = os.path.join(tempfile.mkdtemp(), "dyn.bin")
@@ -20,7 +19,6 @@ True
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from types import ModuleType
 
@@ -44,16 +42,5 @@ def save_dynamic(path: str | os.PathLike, c_dyn, c_ctx, api: ModuleType | None =
     """Merge ``c_ctx`` into (a copy of) ``c_dyn``, write it to ``path`` atomically, return it."""
     api = _api(api)
     learned = api.merge_caches([c for c in (c_dyn, c_ctx) if c is not None])
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        api.save_cache(learned, tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    api.save_cache(learned, path)  # both backends write through reference.atomic.atomic_write
     return learned

@@ -463,6 +463,22 @@ def _try_primary(T, which, P, D, L, k, st_lo, st_hi, ST, int32):
     return -1
 
 
+@njit(inline="always")
+def _next_token(P, D, L, k, C, Y, has_dyn, ST, int32):
+    """The token drafted after ``S = P[:L] ++ D[:k]`` (context, then dynamic, then static-only), or -1
+    (one iteration of ``common_ngram_cache_draft``, ngram-cache.cpp:158-196)."""
+    Lk = L + k
+    si = static_find(ST, _at(P, D, L, Lk - 2), _at(P, D, L, Lk - 1))
+    st_lo = np.int64(ST[1][si]) if si >= 0 else np.int64(0)
+    st_hi = np.int64(ST[1][si + 1]) if si >= 0 else np.int64(0)
+    y = _try_primary(C, 0, P, D, L, k, st_lo, st_hi, ST, int32)
+    if y < 0 and has_dyn:
+        y = _try_primary(Y, 1, P, D, L, k, st_lo, st_hi, ST, int32)
+    if y < 0 and si >= 0:
+        y = _static_int32(ST, st_lo, st_hi) if int32 else ST[4][si]
+    return y
+
+
 @njit(cache=True)
 def _static_int32(ST, st_lo, st_hi):
     """The static-only draft (cpp:65-94) in wrapping int32: the first strictly larger count (followers
@@ -486,22 +502,44 @@ def draft_into(P, L, D, n_draft, C, Y, has_dyn, ST, int32):
     (``common_ngram_cache_draft``, ngram-cache.cpp:145-197)."""
     if L < 2:
         return 0
-    st_off, st_top = ST[1], ST[4]
     k = 0
     while k < n_draft:
-        Lk = L + k
-        si = static_find(ST, _at(P, D, L, Lk - 2), _at(P, D, L, Lk - 1))
-        st_lo = np.int64(st_off[si]) if si >= 0 else np.int64(0)
-        st_hi = np.int64(st_off[si + 1]) if si >= 0 else np.int64(0)
-        y = _try_primary(C, 0, P, D, L, k, st_lo, st_hi, ST, int32)
-        if y < 0 and has_dyn:
-            y = _try_primary(Y, 1, P, D, L, k, st_lo, st_hi, ST, int32)
-        if y < 0 and si >= 0:
-            y = _static_int32(ST, st_lo, st_hi) if int32 else st_top[si]
+        y = _next_token(P, D, L, k, C, Y, has_dyn, ST, int32)
         if y < 0:
             break
         D[k] = y
         k += 1
+    return k
+
+
+@njit(cache=True)
+def draft_length(P, L, D, k, n_draft, C, Y, has_dyn, ST, int32):
+    """The final length of a draft after ``P[:L]`` that holds ``D[:k]`` so far (``L + k >= 4``) and has not
+    stopped, walked without storing it, at a cost that does not grow with ``n_draft`` once it cycles.
+
+    The caches do not change during a draft, and each token depends only on the last 4 tokens of
+    ``S`` (the n-grams of sizes 1..4 and the static 2-gram end there): the draft is a walk through
+    4-token states. Once a state repeats (Brent's cycle detection: compare with a state saved at
+    power-of-two steps), the draft is periodic and never stops, so its length is ``n_draft``."""
+    W = np.empty(NGRAM_MAX, D.dtype)  # the last 4 tokens of S
+    for i in range(NGRAM_MAX):
+        W[i] = _at(P, D, L, L + k - NGRAM_MAX + i)
+    saved = W.copy()
+    power = lam = 1
+    while k < n_draft:
+        y = _next_token(W, W, NGRAM_MAX, 0, C, Y, has_dyn, ST, int32)
+        if y < 0:
+            return k
+        W[:-1] = W[1:].copy()
+        W[-1] = y
+        k += 1
+        if np.all(W == saved):
+            return n_draft
+        if lam == power:  # Brent: move the saved state forward, double the window
+            saved[:] = W
+            power *= 2
+            lam = 0
+        lam += 1
     return k
 
 
@@ -524,18 +562,41 @@ def replay_chunk(X, n_draft, C, Y, ST, int32, i_start, rec_pos, rec_k, rec_d, n_
     """lookup-stats on one chunk ``X`` (lookup-stats.cpp:78-125) with ``C`` empty at the start:
     draft, accept the matching prefix, append the "sampled" token, counting each appended token into
     ``C``. Call ``n_calls + c`` records its position and draft count in ``rec_pos``/``rec_k`` and,
-    if ``record_drafts``, its tokens in ``rec_d`` (``n_draft`` slots per call).
-    Returns ``(n_calls after the chunk, n_drafted, n_accept)``."""
+    if ``record_drafts``, its tokens in ``rec_d``, one call after the other (grown as needed).
+    Without recording and with ``n_draft`` above the chunk, a draft is kept only while it matches the
+    chunk (what can be accepted) and the rest is only measured (:func:`draft_length`), so a large
+    ``n_draft`` costs nothing beyond that.
+    Returns ``(n_calls after the chunk, n_drafted, n_accept, rec_d)``."""
     n_ctx = X.size
-    D = np.empty(n_draft, np.int32)
+    keep_all = record_drafts or n_draft <= n_ctx + NGRAM_MAX
+    D = np.empty(n_draft if keep_all else n_ctx + NGRAM_MAX, np.int32)
     n_drafted = n_accept = 0
+    used = 0  # tokens in rec_d
     L = 1
     while L < n_ctx:
-        k = draft_into(X, L, D, n_draft, C, Y, True, ST, int32)
+        if keep_all or L < 2:
+            k = draft_into(X, L, D, n_draft, C, Y, True, ST, int32)
+        else:  # keep the draft while it matches the chunk (and S has 4 tokens), then only measure it
+            k = 0
+            while k < n_draft:
+                y = _next_token(X, D, L, k, C, Y, True, ST, int32)
+                if y < 0:
+                    break
+                D[k] = y
+                k += 1
+                if (L + k - 1 >= n_ctx or y != X[L + k - 1]) and L + k >= NGRAM_MAX:
+                    if k < n_draft:
+                        k = draft_length(X, L, D, k, n_draft, C, Y, True, ST, int32)
+                    break
         rec_pos[n_calls] = i_start + L
         rec_k[n_calls] = k
         if record_drafts:
-            rec_d[n_calls * n_draft : n_calls * n_draft + k] = D[:k]
+            if used + k > rec_d.size:
+                grown = np.empty(max(2 * rec_d.size, used + k), np.int32)
+                grown[:used] = rec_d[:used]
+                rec_d = grown
+            rec_d[used : used + k] = D[:k]
+            used += k
         n_calls += 1
         n_drafted += k
         for j in range(k):
@@ -547,7 +608,7 @@ def replay_chunk(X, n_draft, C, Y, ST, int32, i_start, rec_pos, rec_k, rec_d, n_
         if L < n_ctx:
             L += 1
             update_range(C, X, L - 1, L)
-    return n_calls, n_drafted, n_accept
+    return n_calls, n_drafted, n_accept, rec_d
 
 
 def empty_static() -> tuple[np.ndarray, ...]:

@@ -56,7 +56,7 @@ def replay(tokens, n_ctx: int = 4096, n_draft: int = 16, c_st=None, c_dyn=None, 
     record = on_draft is not None
     rec_pos = np.zeros(n_ctx, np.int64)  # one chunk's draft calls (at most n_ctx - 1)
     rec_k = np.zeros(n_ctx, np.int32)
-    rec_d = np.zeros(n_ctx * n_draft if record else 1, np.int32)
+    rec_d = np.zeros(n_ctx if record else 1, np.int32)  # the drafts of one chunk, grown by the kernel
     st_arrays = st.static_arrays()
     n_calls = n_drafted = n_accept = 0
     t_draft_ns = cpu_ns = 0
@@ -64,8 +64,8 @@ def replay(tokens, n_ctx: int = 4096, n_draft: int = 16, c_st=None, c_dyn=None, 
                         disable=None if progress is None else not progress):
         ctx.clear()
         t, c = time.perf_counter_ns(), time.process_time_ns()
-        calls, d, a = replay_chunk(inp[i_start : i_start + n_ctx], n_draft, ctx.T, dyn.T, st_arrays,
-                                   score == "int32", i_start, rec_pos, rec_k, rec_d, 0, record)
+        calls, d, a, rec_d = replay_chunk(inp[i_start : i_start + n_ctx], n_draft, ctx.T, dyn.T, st_arrays,
+                                          score == "int32", i_start, rec_pos, rec_k, rec_d, 0, record)
         t_draft_ns += time.perf_counter_ns() - t
         cpu_ns += time.process_time_ns() - c
         n_calls += calls
@@ -74,8 +74,10 @@ def replay(tokens, n_ctx: int = 4096, n_draft: int = 16, c_st=None, c_dyn=None, 
         dyn.merge(ctx)  # not timed (lookup-stats.cpp:135-137)
         if record:
             pos, ks = rec_pos[:calls].tolist(), rec_k[:calls].tolist()
+            start = 0
             for j in range(calls):
-                on_draft(pos[j], rec_d[j * n_draft : j * n_draft + ks[j]].tolist())
+                on_draft(pos[j], rec_d[start : start + ks[j]].tolist())
+                start += ks[j]
     t_draft_us = t_draft_ns / 1e3
     stats = ReplayStats(
         n_input=N, n_ctx=n_ctx, n_chunks=n_chunks, n_draft=n_draft, n_drafted=n_drafted, n_accept=n_accept,

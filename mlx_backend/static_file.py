@@ -18,7 +18,6 @@ True
 """
 from __future__ import annotations
 
-import hashlib
 import lzma
 import os
 import struct
@@ -31,17 +30,12 @@ from numba import njit
 
 from mlx_backend.ngram_tables import NGRAM_MAX, words_to_slots
 from mlx_backend.tables_sorted import INT32_MAX, Section, SortedCache, cache_from_rows, static_top
-from reference.cache_file import CacheFileError
+from reference.atomic import atomic_write
+from reference.cache_file import EMPTY_CACHE, EMPTY_FILE, CacheFileError
+# the layout's constants (docs/cache-format.md) are shared with the reference's plain reader
+from reference.ours_file import (ALIGN, BOM, CRC_AT, HEADER_SIZE, MAGIC, PREFIX, SECTION, VERSION,  # noqa: F401
+                                 tokenizer_fingerprint, tokenizer_mismatch, vocab_fingerprint)
 
-MAGIC = b"NGRAMSPC"
-VERSION = 1
-BOM = 0x0A0B0C0D  # byte-order mark: reads 0x0D0C0B0A with the wrong endianness
-ALIGN = 64
-# magic, version, byte-order mark, header size, vocab size, fingerprint
-PREFIX = struct.Struct("<8sIIQQ32s")
-SECTION = struct.Struct("<8Q")  # n_keys, n_entries, total, keys_off, offsets_off, tokens_off, counts_off, top_off
-HEADER_SIZE = 384
-CRC_AT = PREFIX.size + NGRAM_MAX * SECTION.size  # crc32 of bytes [0, CRC_AT) stored at CRC_AT
 FORMATS = ("ours", "llama")
 
 
@@ -89,13 +83,11 @@ def save_ours(cache: SortedCache, path: str | os.PathLike) -> None:
         raise ValueError(f"tokenizer fingerprint must be 32 bytes, got {len(fp)}")
     head = PREFIX.pack(MAGIC, VERSION, BOM, HEADER_SIZE, int(cache.vocab_size or 0), fp) + b"".join(table)
     head += struct.pack("<I", zlib.crc32(head))
-    tmp = Path(f"{path}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
+    with atomic_write(path) as f:
         f.write(head.ljust(HEADER_SIZE, b"\0"))
         for off, a in layout:
             f.write(b"\0" * (off - f.tell()))
             a.tofile(f)
-    tmp.replace(path)
 
 
 def open_ours(path: str | os.PathLike, verify: bool = False) -> SortedCache:
@@ -211,6 +203,8 @@ def read_llama(path: str | os.PathLike) -> SortedCache:
     if len(data) % 4:
         raise CacheFileError(path, len(data) - len(data) % 4,
                              f"file size {len(data)} is not a multiple of 4 (truncated int32)")
+    if not len(data):
+        raise CacheFileError(path, 0, EMPTY_FILE)
     words = data.view("<i4").astype(np.int32, copy=False)
     starts, R, err, at = _walk_records(words)
     if err == 1:
@@ -280,8 +274,12 @@ def save_llama(cache: SortedCache, path: str | os.PathLike) -> None:
         out[j] = s.tokens
         out[j + 1] = s.counts
         parts.append(out)
-    data = np.concatenate(parts) if parts else np.zeros(0, np.int32)
-    data.astype("<i4").tofile(Path(path))
+    if not parts:
+        raise ValueError(EMPTY_CACHE)
+    data = np.concatenate(parts)
+    data = data.astype("<i4")
+    with atomic_write(path) as f:
+        data.tofile(f)
 
 
 # ----------------------------------------------------------------------------- either format
@@ -300,14 +298,11 @@ def load_cache(path: str | os.PathLike, *, verify: bool = False, vocab_size: int
 
 
 def check_tokenizer(cache: SortedCache, path, vocab_size: int | None, fingerprint: bytes | None) -> None:
-    """Refuse a cache built for another tokenizer (as far as the file records it)."""
-    if vocab_size and cache.vocab_size and cache.vocab_size != vocab_size:
-        raise CacheFormatError(path, 24, f"built for a vocabulary of {cache.vocab_size} tokens, the tokenizer "
-                                         f"in use has {vocab_size}: rebuild the cache with this tokenizer")
-    known = bytes(32)
-    if fingerprint and cache.fingerprint != known and bytes(fingerprint) != cache.fingerprint:
-        raise CacheFormatError(path, 32, f"built with another tokenizer (fingerprint {cache.fingerprint.hex()[:16]}..., "
-                                         f"in use {bytes(fingerprint).hex()[:16]}...): rebuild the cache with this tokenizer")
+    """Refuse a cache built for another tokenizer (as far as the file records it;
+    ``reference.ours_file.tokenizer_mismatch`` states the rule)."""
+    problem = tokenizer_mismatch(cache.vocab_size, cache.fingerprint, vocab_size, fingerprint)
+    if problem:
+        raise CacheFormatError(path, 24 if problem.startswith("built for a vocabulary") else 32, problem)
 
 
 def save_cache(cache, path: str | os.PathLike, format: str = "llama") -> None:
@@ -325,23 +320,3 @@ def save_cache(cache, path: str | os.PathLike, format: str = "llama") -> None:
         save_llama(cache, path)
     else:
         raise ValueError(f"unknown cache format {format!r}; choose one of {', '.join(FORMATS)}")
-
-
-def vocab_fingerprint(vocab: dict) -> bytes:
-    """A tokenizer fingerprint: SHA-256 over the ``token -> id`` pairs sorted by id (str or bytes tokens).
-
-    >>> len(vocab_fingerprint({"a": 0, "b": 1})), vocab_fingerprint({"a": 0, "b": 1}) == vocab_fingerprint({"a": 1, "b": 0})
-    (32, False)
-    """
-    h = hashlib.sha256()
-    for tok, i in sorted(vocab.items(), key=lambda kv: kv[1]):
-        b = tok if isinstance(tok, bytes) else str(tok).encode("utf-8", "surrogatepass")
-        h.update(struct.pack("<iI", int(i), len(b)) + b)
-    return h.digest()
-
-
-def tokenizer_fingerprint(tokenizer) -> tuple[int, bytes]:
-    """``(vocab_size, fingerprint)`` of a tokenizer with ``get_vocab()`` (``tokenizers.Tokenizer``,
-    transformers tokenizers) or of a ``token -> id`` dict, for the header of our format."""
-    vocab = tokenizer if isinstance(tokenizer, dict) else tokenizer.get_vocab()
-    return (max(vocab.values()) + 1 if vocab else 0), vocab_fingerprint(vocab)

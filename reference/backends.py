@@ -6,19 +6,29 @@ other object exporting the same n-gram API (``reference/api.py`` lists it).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 
 BACKENDS = {"reference": "reference.api", "mlx": "mlx_backend.api"}
-DEFAULT = "reference"
+# The default: the fast backend wherever it is installed (its array kernels need numba; mlx itself
+# for generation), else the reference. ``--help`` of every command says so (DEFAULT_HELP).
+FAST_NEEDS = ("mlx", "numba")
+DEFAULT_HELP = "default: $NGRAM_SPEC_BACKEND, else mlx where mlx and numba are installed, else reference"
+
+
+def default_backend() -> str:
+    """``"mlx"`` if mlx and numba are importable, else ``"reference"``."""
+    return "mlx" if all(importlib.util.find_spec(m) is not None for m in FAST_NEEDS) else "reference"
 
 
 def get_backend(name: str | None = None):
-    """The object implementing the n-gram API for ``name`` (default: ``$NGRAM_SPEC_BACKEND`` or reference).
+    """The object implementing the n-gram API for ``name`` (default: ``$NGRAM_SPEC_BACKEND``, else
+    :func:`default_backend`).
 
     >>> get_backend("reference").__name__
     'reference.api'
     """
-    name = name or os.environ.get("NGRAM_SPEC_BACKEND") or DEFAULT
+    name = name or os.environ.get("NGRAM_SPEC_BACKEND") or default_backend()
     module_name, _, attr = BACKENDS.get(name, name).partition(":")
     if name not in BACKENDS and "." not in module_name and not attr:
         raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)} or module.path:object")

@@ -27,11 +27,16 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from reference.atomic import atomic_write
 from reference.ngram_cache import LLAMA_NGRAM_MAX, TOKEN_NULL, NgramCache, pad
 from reference.tokens import INT32_MAX, read_bytes
 
 RECORD_HEAD = LLAMA_NGRAM_MAX + 1  # int32 fields before the followers: tokens[4], ntokens
 OURS_MAGIC = b"NGRAMSPC"  # first bytes of ngram-spec's memory-mapped format (docs/cache-format.md)
+# llama.cpp's format has no header: an empty file would be an empty cache, which no user means.
+EMPTY_FILE = "empty file (0 bytes): an n-gram cache has at least one n-gram (make one with `ngram-spec create`)"
+EMPTY_CACHE = ("the cache is empty: nothing to write (llama.cpp's format has no empty cache file; "
+               "was anything replayed or counted?)")
 
 
 class CacheFileError(ValueError):
@@ -43,21 +48,31 @@ class CacheFileError(ValueError):
                          " (not an n-gram cache file in llama.cpp's format, or truncated/corrupt)")
 
 
-def load_cache(path: str | os.PathLike) -> NgramCache:
+def load_cache(path: str | os.PathLike, *, vocab_size: int | None = None,
+               fingerprint: bytes | None = None) -> NgramCache:
     """Read a cache file (``.xz`` is decompressed on the fly) into an :class:`NgramCache`.
 
     Checks what ``common_ngram_cache_load`` asserts (``ntokens > 0``, ``count > 0``, no truncation),
     plus: the n-gram is 1..4 non-negative tokens followed by -1 padding, follower ids are
     non-negative, and no n-gram or follower repeats. (llama.cpp silently keeps the first of a
     duplicate key; llama.cpp never writes one, so a duplicate means a corrupt or concatenated file.)
-    A file in our memory-mapped format is named as such, with the fix. Parsing shows a tqdm bar over
-    the file's bytes on stderr when it is a terminal.
+    A file in our memory-mapped format (it starts with ``NGRAMSPC``) is read by
+    :func:`reference.ours_file.read_ours`; if it records a tokenizer other than ``vocab_size`` /
+    ``fingerprint`` (the one in use, where known), it is refused. An empty file is refused: llama.cpp's
+    format has no empty file a user means (an empty cache is never written by ``create``). Parsing shows a
+    tqdm bar over the file's bytes on stderr when it is a terminal.
     """
     data = read_bytes(path)
+    if not data:
+        raise CacheFileError(path, 0, EMPTY_FILE)
     if data.startswith(OURS_MAGIC):
-        raise ValueError(f"cache file {path} is in ngram-spec's memory-mapped format (docs/cache-format.md), not "
-                         f"llama.cpp's: read it with --backend mlx, or convert it: ngram-spec convert {path} -o OUT "
-                         "--to llama")
+        from reference.ours_file import read_ours, tokenizer_mismatch
+
+        cache = read_ours(path, data)
+        problem = tokenizer_mismatch(cache.vocab_size, cache.fingerprint, vocab_size, fingerprint)
+        if problem:
+            raise ValueError(f"cache file {path}: {problem}")
+        return cache
     if len(data) % 4:
         raise CacheFileError(path, len(data) - len(data) % 4,
                              f"file size {len(data)} is not a multiple of 4 (truncated int32)")
@@ -101,7 +116,10 @@ def load_cache(path: str | os.PathLike) -> NgramCache:
 
 
 def save_cache(cache: NgramCache, path: str | os.PathLike) -> None:
-    """Write ``cache`` in llama.cpp's format, records sorted (deterministic bytes)."""
+    """Write ``cache`` in llama.cpp's format, records sorted (deterministic bytes); an empty cache is
+    refused (its file would be empty, which every loader refuses)."""
+    if not cache.counts:
+        raise ValueError(EMPTY_CACHE)
     words: list[int] = []
     for eta in sorted(cache.counts, key=lambda eta: (len(eta), eta)):
         part = cache.counts[eta]
@@ -113,4 +131,6 @@ def save_cache(cache: NgramCache, path: str | os.PathLike) -> None:
                 raise ValueError(f"cannot save count {c} of n-gram {eta}, token {y}: "
                                  "counts must be in [1, 2**31-1] (int32 in the file)")
             words += (y, c)
-    np.asarray(words, dtype="<i4").tofile(Path(path))
+    data = np.asarray(words, dtype="<i4")
+    with atomic_write(path) as f:
+        data.tofile(f)

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from reference.atomic import atomic_write
+
 INT32_MAX = 2**31 - 1
 NPY_MAGIC = b"\x93NUMPY"  # the first bytes of every .npy file
 
@@ -54,8 +56,7 @@ def read_tokens(path: str | os.PathLike) -> np.ndarray:
         if arr.ndim != 1 or arr.dtype.kind not in "iu":
             raise ValueError(
                 f"token file {path}: expected a 1-D integer array, got shape {arr.shape} dtype {arr.dtype}")
-        if arr.size and int(arr.max()) > INT32_MAX:
-            raise ValueError(f"token file {path}: token id {int(arr.max())} does not fit in int32")
+        check_range(arr, f"token file {path}")  # before the cast, which would wrap ids outside int32
         tokens = arr.astype(np.int32)
     else:
         data = read_bytes(path)
@@ -66,6 +67,16 @@ def read_tokens(path: str | os.PathLike) -> np.ndarray:
         tokens = np.frombuffer(data, dtype="<i4").astype(np.int32)
     check_tokens(tokens, f"token file {path}")
     return tokens
+
+
+def check_range(arr: np.ndarray, what: str) -> None:
+    """Raise ``ValueError`` naming the first id outside ``[0, 2**31-1]`` of an integer array of any width
+    (checked on the array's own dtype, so nothing wraps before the check)."""
+    bad = np.flatnonzero((arr < 0) | (arr > INT32_MAX))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"{what}: token id {int(arr[i])} at index {i} is outside [0, 2**31-1] "
+                         f"({bad.size} such ids); token ids are non-negative int32")
 
 
 def check_tokens(tokens: np.ndarray, what: str = "tokens") -> None:
@@ -92,12 +103,10 @@ def check_token_list(tokens: Iterable[int]) -> list[int]:
 def write_tokens(path: str | os.PathLike, tokens: Iterable[int]) -> None:
     """Write ``tokens`` as ``.npy`` if the name ends in ``.npy``, else as raw little-endian int32."""
     arr = np.asarray(check_token_list(tokens) if not isinstance(tokens, np.ndarray) else tokens)
-    if arr.size:
-        check_tokens(arr)
-        if int(arr.max()) > INT32_MAX:
-            raise ValueError(f"token id {int(arr.max())} does not fit in int32")
+    check_range(arr, "tokens")
     arr = arr.astype("<i4")
-    if str(path).endswith(".npy"):
-        np.save(path, arr.astype(np.int32))
-    else:
-        arr.tofile(path)
+    with atomic_write(path) as f:
+        if str(path).endswith(".npy"):
+            np.save(f, arr.astype(np.int32))
+        else:
+            arr.tofile(f)

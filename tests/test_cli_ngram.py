@@ -150,7 +150,7 @@ def test_bad_input_errors(capsys, tmp_path):
     cases.append((["merge", V("syn-static.bin"), truncated, "-o", tmp_path / "m.bin"], "byte offset 84"))
     ours = tmp_path / "ours.bin"
     ours.write_bytes(b"NGRAMSPC" + bytes(376))
-    cases.append((["inspect", ours, "--backend", "reference"], "read it with --backend mlx, or convert it"))
+    cases += [(["inspect", ours, "--backend", b], "wrong endianness") for b in ("reference", "mlx")]
     for argv, message in cases:
         rc, _, err = run(capsys, *argv)
         assert rc == 2, argv
@@ -163,10 +163,13 @@ def test_empty_input_reports_zeros(capsys, tmp_path):
     rc, out, _ = run(capsys, "stats", empty, "--json")
     summary = json.loads(out)
     assert rc == 0 and summary["n_drafted"] == summary["n_accept"] == summary["n_chunks"] == 0
-    rc, _, _ = run(capsys, "create", empty, "-o", tmp_path / "e.bin")
-    assert rc == 0 and (tmp_path / "e.bin").stat().st_size == 0
-    rc, out, _ = run(capsys, "inspect", tmp_path / "e.bin")
-    assert rc == 0 and "0 n-grams, 0 entries, total count 0" in out
+    rc, _, err = run(capsys, "create", empty, "-o", tmp_path / "e.bin")  # llama.cpp's format has no empty file
+    assert rc == 2 and "the cache is empty: nothing to write" in err and not (tmp_path / "e.bin").exists()
+    (tmp_path / "e.bin").write_bytes(b"")
+    for argv in (["inspect", tmp_path / "e.bin"], ["stats", empty, "--static", tmp_path / "e.bin"]):
+        for backend in ("reference", "mlx"):
+            rc, out, err = run(capsys, *argv, "--backend", backend)
+            assert rc == 2 and "e.bin: empty file (0 bytes)" in err, (argv, backend, err)
 
 
 
@@ -238,3 +241,64 @@ def test_os_errors_name_the_file(tmp_path, capsys):
     assert main(["create", str(V("edge-rep5.i32")), "-o", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert err == f"ngram-spec create: error: {out}: No such file or directory"
+
+
+@pytest.mark.parametrize("backend", ["reference", "mlx"])
+def test_a_directory_as_input_says_is_a_directory(tmp_path, capsys, backend):
+    """A directory given as a token or cache path is named as a directory (it said "no such file")."""
+    d = tmp_path / "folder"
+    d.mkdir()
+    toks = V("edge-rep5.i32")
+    for argv in (["stats", d], ["stats", toks, "--static", d], ["stats", toks, "--dynamic", d], ["inspect", d],
+                 ["merge", V("syn-static.bin"), d, "-o", tmp_path / "m.bin"], ["create", d, "-o", tmp_path / "c.bin"],
+                 ["convert", d, "-o", tmp_path / "c.bin", "--to", "llama"]):
+        rc, _, err = run(capsys, *argv, "--backend", backend)
+        assert rc == 2 and f"{d}: is a directory" in err and "no such file" not in err, (argv, err)
+
+
+@pytest.mark.parametrize("backend", ["reference", "mlx"])
+def test_npy_token_file_outside_int32_is_refused(tmp_path, capsys, backend):
+    path = tmp_path / "t.npy"
+    np.save(path, np.array([7, 8, -2**32 + 5, 7, 8], np.int64))
+    rc, _, err = run(capsys, "stats", path, "--n-ctx", 2, "--backend", backend)
+    assert rc == 2 and "token id -4294967291 at index 2 is outside [0, 2**31-1]" in err, err
+
+
+@pytest.mark.parametrize("backend", ["reference", "mlx"])
+def test_create_with_a_tokenizer_records_it_and_generate_refuses_another(capsys, tmp_path, backend):
+    """`create --tokenizer T --format ours` records T's vocabulary size and fingerprint (it wrote 0 and
+    zeros before), so `generate` with a model of another tokenizer refuses the cache, on either backend."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from reference.ours_file import tokenizer_fingerprint
+
+    model = tmp_path / "model"
+    assert main(["tiny-model", "--arch", "llama", "--out", str(model)]) == 0
+    other = tmp_path / "other"
+    other.mkdir()
+    words = tokenizers.Tokenizer(tokenizers.models.WordLevel({"[UNK]": 0, "the": 1, "cat": 2}, unk_token="[UNK]"))
+    words.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    words.save(str(other / "tokenizer.json"))
+    (tmp_path / "corpus.txt").write_text("the cat the cat the cat the cat")
+    for name, tok in (("mine.ngc", model), ("theirs.ngc", other)):
+        rc, _, err = run(capsys, "create", tmp_path / "corpus.txt", "--tokenizer", tok, "--format", "ours",
+                         "-o", tmp_path / name, "--backend", "mlx")
+        assert rc == 0, err
+    want = tokenizer_fingerprint(tokenizers.Tokenizer.from_file(str(model / "tokenizer.json")))
+    for load in (load_cache, lambda p: __import__("mlx_backend.api").api.load_cache(p)):
+        cache = load(tmp_path / "mine.ngc")
+        assert (cache.vocab_size, bytes(cache.fingerprint)) == want and want[0] > 0
+    generate = ["generate", "--backend", backend, "--model", model, "--prompt", "the cat", "--max-tokens", 2,
+                "--ignore-chat-template", "--json"]
+    rc, _, err = run(capsys, *generate, "--static", tmp_path / "theirs.ngc")
+    assert rc == 2 and "theirs.ngc: built for a vocabulary of 3 tokens" in err, err
+    rc, _, err = run(capsys, *generate, "--static", tmp_path / "mine.ngc")
+    assert rc == 0, err
+
+
+def test_generate_refuses_the_static_cache_as_dynamic(capsys, tmp_path):
+    static = tmp_path / "s.bin"
+    static.write_bytes(V("syn-static.bin").read_bytes())
+    rc, _, err = run(capsys, "generate", "--backend", "reference", "--model", tmp_path, "--prompt", "x",
+                     "--static", static, "--dynamic", static)
+    assert rc == 2 and "--dynamic" in err and "is the same file as the input" in err, err
+    assert static.read_bytes() == V("syn-static.bin").read_bytes()

@@ -92,3 +92,58 @@ def test_describe_cache_equals_inspect_summary(seed):
     c.update(s, len(s))
     for top in (0, 7):
         assert api.describe_cache(api.as_sorted(c), top) == describe(c.entries(), top)
+
+
+def test_the_fast_backend_is_the_default_where_installed(tmp_path, capsys, monkeypatch):
+    """With mlx and numba importable every n-gram command runs mlx unless told otherwise (it ran the slow
+    reference before), says which ran (--json, stderr lines), and --help says what the default is."""
+    from reference.backends import default_backend
+
+    monkeypatch.delenv("NGRAM_SPEC_BACKEND", raising=False)
+    assert default_backend() == "mlx"
+    toks = vectors.local_path("edge-rep5.i32")
+    assert main(["stats", str(toks), "--n-ctx", "8", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["backend"] == "mlx"
+    assert main(["inspect", str(vectors.local_path("syn-static.bin")), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["backend"] == "mlx"
+    for argv in (["create", str(toks), "-o", str(tmp_path / "c.bin")], ["merge", str(tmp_path / "c.bin"), "-o",
+                 str(tmp_path / "m.bin")], ["convert", str(tmp_path / "c.bin"), "-o", str(tmp_path / "c.ngc")]):
+        assert main(argv) == 0
+        assert "backend mlx" in capsys.readouterr().err, argv
+    monkeypatch.setenv("NGRAM_SPEC_BACKEND", "reference")
+    assert main(["stats", str(toks), "--n-ctx", "8", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["backend"] == "reference"
+    for command in ("create", "stats", "merge", "inspect", "convert"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        assert "else mlx where mlx and numba are installed, else reference" in " ".join(
+            capsys.readouterr().out.split()), command
+
+
+@pytest.mark.parametrize("backend", ["reference", "mlx"])
+def test_every_command_reads_both_formats_with_either_backend(tmp_path, llama_file, capsys, backend):
+    """Our format and llama.cpp's give the same results on both backends (the reference refused ours)."""
+    ours = tmp_path / "s.ngc"
+    assert main(["convert", str(llama_file), "-o", str(ours), "--to", "ours", "--backend", "mlx"]) == 0
+    toks = vectors.local_path("edge-rep5.i32")
+    results = []
+    for cache in (llama_file, ours):
+        assert main(["inspect", str(cache), "--json", "--backend", backend]) == 0
+        inspected = json.loads(capsys.readouterr().out)
+        assert main(["stats", str(toks), "--n-ctx", "8", "--static", str(cache), "--json", "--backend", backend]) == 0
+        stats = json.loads(capsys.readouterr().out)
+        merged = tmp_path / f"m-{cache.name}.bin"
+        assert main(["merge", str(cache), str(llama_file), "-o", str(merged), "--backend", backend]) == 0
+        back = tmp_path / f"c-{cache.name}.bin"
+        assert main(["convert", str(cache), "-o", str(back), "--to", "llama", "--backend", backend]) == 0
+        capsys.readouterr()
+        results.append(({k: v for k, v in inspected.items() if k != "file"},
+                        {k: stats[k] for k in ("n_drafted", "n_accept", "n_draft_calls")},
+                        merged.read_bytes(), back.read_bytes()))
+    assert results[0] == results[1]
+    assert ref.load_cache(tmp_path / "c-s.ngc.bin") == ref.load_cache(llama_file)
+
+
+def test_convert_to_ours_needs_the_fast_backend(tmp_path, llama_file, capsys):
+    assert main(["convert", str(llama_file), "-o", str(tmp_path / "x.ngc"), "--backend", "reference"]) == 2
+    assert "--to ours needs --backend mlx" in capsys.readouterr().err

@@ -33,28 +33,21 @@ def test_learn_across_runs(tmp_path):
     assert api.cache_entries(again) == api.cache_entries(api.merge_caches([ctx, drafter2.c_ctx]))
 
 
-class FailingApi:
-    """reference.api whose save_cache dies after writing half the file (an interrupted run)."""
-
-    def __getattr__(self, name):
-        return getattr(api, name)
-
-    @staticmethod
-    def save_cache(cache, path):
-        api.save_cache(cache, path)
-        with open(path, "r+b") as f:
-            f.truncate(os.path.getsize(path) // 2)
-        raise KeyboardInterrupt
-
-
-def test_interrupted_save_leaves_old_file(tmp_path):
+def test_interrupted_save_leaves_old_file(tmp_path, monkeypatch):
+    """Ctrl-C after the new cache is written but before it replaces the old one (the real writer, with
+    os.fsync interrupted): the old file is intact and no temporary file is left."""
     path = tmp_path / "dyn.bin"
     first = api.build_static([5, 6, 7, 5, 6, 8])
     save_dynamic(path, None, first, api)
     before = path.read_bytes()
     ctx = api.build_static([9, 9, 9, 9])
+
+    def interrupted(fd):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "fsync", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        save_dynamic(path, load_dynamic(path, api), ctx, FailingApi())
+        save_dynamic(path, load_dynamic(path, api), ctx, api)
     assert path.read_bytes() == before
     assert sorted(os.listdir(tmp_path)) == ["dyn.bin"]          # no temporary file left behind
 

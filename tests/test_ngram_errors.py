@@ -102,7 +102,7 @@ def test_npy_must_be_1d_integers(tmp_path):
     with pytest.raises(ValueError, match="1-D integer array"):
         read_tokens(path)
     np.save(path, np.array([1, 2**40]))
-    with pytest.raises(ValueError, match="does not fit in int32"):
+    with pytest.raises(ValueError, match=r"is outside \[0, 2\*\*31-1\]"):
         read_tokens(path)
     path.write_bytes(np.array([1, 2], dtype="<i4").tobytes())  # raw int32 named .npy
     with pytest.raises(ValueError, match=r"t.npy: not a .npy file .* name raw little-endian int32 token files .i32"):
@@ -140,7 +140,8 @@ def test_empty_input(tmp_path):
     (tmp_path / "empty.i32").write_bytes(b"")
     assert read_tokens(tmp_path / "empty.i32").size == 0
     (tmp_path / "empty.bin").write_bytes(b"")
-    assert len(load_cache(tmp_path / "empty.bin")) == 0
+    with pytest.raises(CacheFileError, match=r"empty\.bin: empty file \(0 bytes\)"):
+        load_cache(tmp_path / "empty.bin")  # not an empty cache: llama.cpp's format has no empty file a user means
     d = NgramDrafter()
     d.reset([])
     assert d.draft(4) == []
@@ -156,11 +157,11 @@ def test_static_cache_must_hold_2_grams_only():
     NgramDrafter(c_dyn=dyn)  # fine as the dynamic cache
 
 
-def test_our_memory_mapped_format_is_named_with_the_fix(tmp_path):
-    """The llama.cpp-format reader recognizes our format's magic and says how to read it."""
+def test_reference_reads_our_format_and_checks_its_header(tmp_path):
+    """The reference reads our memory-mapped format (it refused it before) and checks its header."""
     path = tmp_path / "ours.bin"
     path.write_bytes(b"NGRAMSPC" + bytes(376))
-    with pytest.raises(ValueError, match=r"memory-mapped format .* --backend mlx, or convert it: ngram-spec convert"):
+    with pytest.raises(CacheFileError, match=r"byte-order mark 0x00000000 .*wrong endianness"):
         load_cache(path)
 
 
@@ -190,3 +191,16 @@ def test_loading_a_cache_file_reports_progress_over_its_bytes(tmp_path, monkeypa
     load_cache(path)
     assert [(b.total, b.n) for b in bars] == [(64, 64)]
     assert bars[0].kwargs["disable"] is None  # None: shown only on a terminal
+
+
+@pytest.mark.parametrize("bad", [-2**32 + 5, -1, 2**31, 2**33 + 5])
+def test_npy_ids_outside_int32_are_refused_before_the_cast(tmp_path, bad):
+    """An int64 .npy id outside [0, 2**31-1] is refused, both bounds (-2**32+5 became 5 by the cast before)."""
+    path = tmp_path / "t.npy"
+    np.save(path, np.array([1, 2, bad, 3], np.int64))
+    with pytest.raises(ValueError, match=rf"token id {bad} at index 2 is outside \[0, 2\*\*31-1\]"):
+        read_tokens(path)
+    with pytest.raises(ValueError, match=rf"token id {bad} at index 2 is outside"):
+        write_tokens(tmp_path / "u.i32", np.array([1, 2, bad, 3], np.int64))
+    np.save(path, np.array([0, 2**31 - 1], np.uint64))
+    assert read_tokens(path).tolist() == [0, 2**31 - 1]  # both bounds themselves are ids

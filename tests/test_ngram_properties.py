@@ -74,8 +74,9 @@ def test_merge_is_associative_and_commutative(a, b, c):
 
 
 @SETTINGS
-@given(st.dictionaries(ngrams, st.dictionaries(token_ids, counts, min_size=1, max_size=4), max_size=12))
+@given(st.dictionaries(ngrams, st.dictionaries(token_ids, counts, min_size=1, max_size=4), min_size=1, max_size=12))
 def test_save_load_round_trip(tmp_path_factory, counts_dict):
+    """A non-empty cache round-trips (an empty one is refused: tests/test_static_file.py::test_empty_files)."""
     cache = NgramCache(counts_dict)
     path = tmp_path_factory.mktemp("rt") / "c.bin"
     save_cache(cache, path)

@@ -13,7 +13,9 @@ import os
 import sys
 from pathlib import Path
 
+from reference.atomic import check_outputs
 from reference.cli import UserError
+from reference.ours_file import check_file_tokenizer
 
 REFERENCE_DRAFT_MAX = 16  # llama.cpp's --draft-max default
 
@@ -53,7 +55,8 @@ def register(subparsers) -> None:
     p.add_argument("--static", metavar="FILE", help="static n-gram cache file (from `ngram-spec create`), read only")
     p.add_argument("--dynamic", metavar="FILE",
                    help="dynamic n-gram cache file: loaded if it exists, updated with this run's n-grams and "
-                        "saved atomically at the end (llama.cpp's lookup -lcd)")
+                        "saved atomically at the end (llama.cpp's lookup -lcd); a run interrupted before the end "
+                        "(Ctrl-C) learns nothing and leaves the file as it was")
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature; 0 = greedy (default: %(default)s)")
     p.add_argument("--top-p", type=float, default=1.0, help="sampling top-p (default: %(default)s)")
     p.add_argument("--seed", type=int, default=None, help="random seed for sampling")
@@ -114,6 +117,7 @@ def cmd_generate(args) -> int:
                             f"drop {'it' if len(drafting) == 1 else 'them'}, or drop --no-spec")
     if args.shard is not None and args.backend != "mlx":
         raise UserError("--shard runs the model sharded with mlx; drop --backend reference")
+    check_outputs({"--dynamic": args.dynamic}, inputs=[args.static, args.prompt_tokens])
     if args.backend == "mlx":
         try:
             from mlx_backend.cli import run_generate
@@ -194,6 +198,7 @@ def run_reference(args) -> int:
     tokenizer = load_tokenizer(model_dir, required=args.prompt is not None)
     prompt = prompt_ids(args, tokenizer)
     eos = eos_ids(model_dir, tokenizer)
+    check_file_tokenizer(tokenizer, args.static, args.dynamic)
 
     with tqdm(total=args.max_tokens, unit="tok", desc="generate", disable=None, leave=False) as bar:
 
@@ -248,14 +253,8 @@ def make_drafter(args):
 
 
 def save_dynamic(cache, path: str) -> None:
-    """Write ``cache`` to a temporary file next to ``path``, then rename it: never a half-written cache."""
+    """Write ``cache`` atomically (``save_cache`` uses reference.atomic): never a half-written cache."""
     from reference.cache_file import save_cache
 
-    tmp = f"{path}.tmp.{os.getpid()}"
-    try:
-        save_cache(cache, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    save_cache(cache, path)
     print(f"saved the dynamic cache to {path}", file=sys.stderr)

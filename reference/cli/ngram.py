@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import inspect
 import json
 import sys
 import time
 from pathlib import Path
 
-from reference.backends import BACKENDS, get_backend
+from reference.atomic import atomic_write, check_outputs
+from reference.backends import BACKENDS, DEFAULT_HELP, get_backend
 from reference.cli import UserError
 from reference.draft import SCORES
+from reference.ours_file import tokenizer_fingerprint
 from reference.replay import check_replay_args
 
 DRAFT_DUMP_HEADER = "# pos k draft_1..draft_k  (pos = index in the token file of the token draft_1 predicts)\n"
@@ -68,7 +71,8 @@ def register(subparsers) -> None:
                    help="write one line 'pos k d_1 .. d_k' per draft call (the conformance vectors' dump format)")
     p.add_argument("--save-dynamic", metavar="FILE",
                    help="save the dynamic cache after the replay (the --dynamic one plus every replayed chunk)")
-    p.add_argument("--json", action="store_true", help="print a JSON summary instead of lookup-stats' lines")
+    p.add_argument("--json", action="store_true",
+                   help="print a JSON summary (with the backend that ran) instead of lookup-stats' lines")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (it shows only on a terminal)")
     add_format_arg(p)
     add_backend_arg(p)
@@ -92,7 +96,7 @@ def register(subparsers) -> None:
                     "example: ngram-spec inspect static.bin --top 5")
     p.add_argument("file", metavar="FILE", help="cache file")
     p.add_argument("--top", type=int, default=10, help="how many top entries to list (default: %(default)s)")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--json", action="store_true", help="print JSON (with the backend that ran)")
     add_backend_arg(p)
     p.set_defaults(func=cmd_inspect)
 
@@ -100,28 +104,27 @@ def register(subparsers) -> None:
 def add_format_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=("llama", "ours"), default="llama",
                    help="format of the cache file written: llama (llama.cpp's, default) or ours (memory-mapped, "
-                        "docs/cache-format.md; needs --backend mlx). Either format is read.")
+                        "docs/cache-format.md; written by --backend mlx). Either backend reads either format.")
 
 
 def add_backend_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default=None, metavar="NAME",
                    help=f"implementation to use: {' or '.join(sorted(BACKENDS))} (or module.path:object "
-                        "exporting the same API; default: $NGRAM_SPEC_BACKEND or reference)")
+                        f"exporting the same API; {DEFAULT_HELP}); the one that ran is named in the output")
 
 
 # --- helpers -------------------------------------------------------------------------------------
 
 def load_tokenizer(path: str):
-    """A function ``(text, add_special) -> token ids`` from a Hugging Face ``tokenizer.json`` (or a
-    directory holding one), or from the vocabulary stored in a ``.gguf`` model file."""
+    """A Hugging Face tokenizer (``encode(text, add_special_tokens=...)``, ``get_vocab()``) from a
+    ``tokenizer.json`` (or a directory holding one), or from the vocabulary stored in a ``.gguf`` model file."""
     p = Path(path)
     if p.suffix == ".gguf":
         try:
             from mlx_backend.tokenizer import load_gguf_tokenizer
         except ImportError as exc:
             raise UserError(f"a .gguf tokenizer needs the mlx extra ({exc}): pip install 'ngram-spec[mlx]'") from exc
-        hf = load_gguf_tokenizer(p)._tokenizer
-        return lambda text, add_special=True: hf.encode(text, add_special_tokens=add_special)
+        return load_gguf_tokenizer(p)._tokenizer
     file = p / "tokenizer.json" if p.is_dir() else p
     if not file.is_file():
         raise UserError(f"tokenizer {path}: no tokenizer.json found (pass the file, the directory holding it, "
@@ -131,10 +134,15 @@ def load_tokenizer(path: str):
     except ImportError as exc:
         raise UserError("--tokenizer needs the 'tokenizers' package: pip install tokenizers") from exc
     try:
-        tok = Tokenizer.from_file(str(file))
+        return Tokenizer.from_file(str(file))
     except Exception as exc:  # the library raises its own exception type
         raise UserError(f"tokenizer {file}: cannot load it ({exc})") from exc
-    return lambda text, add_special=True: tok.encode(text, add_special_tokens=add_special).ids
+
+
+def encode(tokenizer, text: str, add_special: bool) -> list[int]:
+    """``text`` as token ids (a ``tokenizers.Tokenizer`` returns an Encoding, transformers' a list)."""
+    ids = tokenizer.encode(text, add_special_tokens=add_special)
+    return ids if isinstance(ids, list) else ids.ids
 
 
 def dump_line(pos: int, drafts: list[int]) -> str:
@@ -146,22 +154,28 @@ def backend_name(backend) -> str:
     return getattr(backend, "NAME", backend.__name__)
 
 
-def read_input_tokens(backend, path: str):
+def check_input_file(path: str, what: str = "") -> None:
+    """A user-given input path must be a file: say "is a directory" or "no such file" (one line)."""
+    if Path(path).is_dir():
+        raise UserError(f"{what} {path}: is a directory, not a file".lstrip())
     if not Path(path).is_file():
-        raise UserError(f"{path}: no such file")
+        raise UserError(f"{what} {path}: no such file".lstrip())
+
+
+def read_input_tokens(backend, path: str):
+    check_input_file(path)
     return backend.read_tokens(path)
 
 
 def load_cache_file(backend, path: str, what: str = ""):
-    if not Path(path).is_file():
-        raise UserError(f"{what} cache file {path}: no such file".lstrip())
+    check_input_file(path, f"{what} cache file".lstrip())
     return backend.load_cache(path)
 
 
-def check_format(backend, fmt: str) -> None:
+def check_format(backend, fmt: str, flag: str = "--format") -> None:
     """Before any work: only the mlx backend writes our format."""
     if fmt != "llama" and not hasattr(backend, "detect_format"):
-        raise UserError(f"--format {fmt} needs --backend mlx")
+        raise UserError(f"{flag} {fmt} needs --backend mlx")
 
 
 def save_cache_file(backend, cache, path: str, fmt: str) -> None:
@@ -188,13 +202,16 @@ def check_static(backend, cache, path: str) -> None:
 def cmd_create(args) -> int:
     backend = get_backend(args.backend)
     check_format(backend, args.format)
+    check_outputs({"-o": args.output, "--tokens-out": args.tokens_out}, inputs=[args.input, args.tokenizer])
+    tokenizer = None
     if args.tokenizer:
-        encode = load_tokenizer(args.tokenizer)
+        tokenizer = load_tokenizer(args.tokenizer)
+        check_input_file(args.input)
         try:
             text = Path(args.input).read_text(encoding="utf-8")
         except UnicodeDecodeError as exc:
             raise UserError(f"{args.input}: not UTF-8 text ({exc}); token files need no --tokenizer") from exc
-        tokens = encode(text, not args.no_special)
+        tokens = encode(tokenizer, text, not args.no_special)
     else:
         if Path(args.input).suffix in (".txt", ".md", ".rst", ".text"):
             raise UserError(f"{args.input} looks like a text file: pass --tokenizer PATH to tokenize it")
@@ -204,9 +221,11 @@ def cmd_create(args) -> int:
         write_tokens(args.tokens_out, tokens)
     t0 = time.perf_counter()
     cache = backend.build_static(tokens)
+    if tokenizer is not None and args.format == "ours":  # recorded, so the cache is refused with another tokenizer
+        cache.vocab_size, cache.fingerprint = tokenizer_fingerprint(tokenizer)
     save_cache_file(backend, cache, args.output, args.format)
     print(f"{args.output}: {len(cache)} 2-grams, {cache.n_entries()} entries from {len(tokens)} tokens "
-          f"({time.perf_counter() - t0:.2f} s)", file=sys.stderr)
+          f"({time.perf_counter() - t0:.2f} s, backend {backend_name(backend)})", file=sys.stderr)
     return 0
 
 
@@ -218,6 +237,8 @@ def cmd_stats(args) -> int:
     backend = get_backend(args.backend)
     if args.save_dynamic:
         check_format(backend, args.format)
+    check_outputs({"--save-dynamic": args.save_dynamic, "--drafts-out": args.drafts_out},
+                  inputs=[args.tokens, args.static, args.dynamic])
     tokens = read_input_tokens(backend, args.tokens)
     t0 = time.perf_counter()
     c_st = load_cache_file(backend, args.static, "static") if args.static else None
@@ -226,22 +247,18 @@ def cmd_stats(args) -> int:
     if c_st is not None:
         check_static(backend, c_st, args.static)
 
-    dump = open(args.drafts_out, "w", newline="\n") if args.drafts_out else None
-    if dump is not None:
-        dump.write(f"# variant={backend_name(backend)} n_ctx={args.n_ctx} n_draft={args.n_draft} "
-                   f"static={args.static or ''} dynamic={args.dynamic or ''}\n")
-        dump.write(DRAFT_DUMP_HEADER)
-    on_draft = (lambda pos, drafts: dump.write(dump_line(pos, drafts))) if dump is not None else None
-
     extra = {}
     if "progress" in inspect.signature(backend.replay).parameters:
         extra["progress"] = False if args.no_progress else None  # None: a bar on a terminal only
-    try:
+    with contextlib.ExitStack() as files:
+        dump = files.enter_context(atomic_write(args.drafts_out, "w", newline="\n")) if args.drafts_out else None
+        if dump is not None:
+            dump.write(f"# variant={backend_name(backend)} n_ctx={args.n_ctx} n_draft={args.n_draft} "
+                       f"static={args.static or ''} dynamic={args.dynamic or ''}\n")
+            dump.write(DRAFT_DUMP_HEADER)
+        on_draft = (lambda pos, drafts: dump.write(dump_line(pos, drafts))) if dump is not None else None
         stats = backend.replay(tokens, n_ctx=args.n_ctx, n_draft=args.n_draft, c_st=c_st, c_dyn=c_dyn,
                                on_draft=on_draft, score=args.score, **extra)
-    finally:
-        if dump is not None:
-            dump.close()
     if args.save_dynamic:
         save_cache_file(backend, stats.c_dyn, args.save_dynamic, args.format)
 
@@ -276,11 +293,12 @@ def cmd_stats(args) -> int:
 def cmd_merge(args) -> int:
     backend = get_backend(args.backend)
     check_format(backend, args.format)
+    check_outputs({"-o": args.output}, inputs=args.inputs)
     caches = [load_cache_file(backend, path, "input") for path in args.inputs]
     merged = backend.merge_caches(caches)
     save_cache_file(backend, merged, args.output, args.format)
     print(f"{args.output}: {merged.n_entries()} entries, total count {merged.total()} "
-          f"from {len(args.inputs)} file(s)", file=sys.stderr)
+          f"from {len(args.inputs)} file(s) (backend {backend_name(backend)})", file=sys.stderr)
     return 0
 
 
@@ -317,7 +335,7 @@ def cmd_inspect(args) -> int:
     cache = load_cache_file(backend, args.file)
     summary = (backend.describe_cache(cache, args.top) if hasattr(backend, "describe_cache")
                else describe(cache_rows(backend, cache), args.top))
-    info = {"file": args.file, **summary}
+    info = {"file": args.file, "backend": backend_name(backend), **summary}
     if args.json:
         print(json.dumps(info, indent=1))
         return 0

@@ -1,0 +1,124 @@
+"""Files users own: never written over one of the command's inputs, never left half-written.
+
+Every file the project writes (cache files of both formats, dynamic caches, drafts dumps, token
+files) goes through :func:`atomic_write`: the content is written to a temporary file in the target's
+directory, flushed and ``fsync``'ed, then renamed over the target (``os.replace``, atomic on POSIX),
+so the target holds either its old bytes or the complete new ones. On any exception, including
+``KeyboardInterrupt`` (SIGINT) and SIGTERM (turned into ``SystemExit(143)`` while a write is open),
+the temporary file is removed and the old file is left untouched.
+
+>>> import tempfile, os
+>>> d = tempfile.mkdtemp(); path = os.path.join(d, "out.bin")
+>>> with atomic_write(path) as f:
+...     _ = f.write(b"complete")
+>>> open(path, "rb").read(), os.listdir(d)
+(b'complete', ['out.bin'])
+>>> with atomic_write(path) as f:
+...     _ = f.write(b"half")
+...     raise RuntimeError("interrupted mid-write")
+Traceback (most recent call last):
+...
+RuntimeError: interrupted mid-write
+>>> open(path, "rb").read(), os.listdir(d)
+(b'complete', ['out.bin'])
+>>> check_outputs({"-o": path}, inputs=[path])  # doctest: +ELLIPSIS
+Traceback (most recent call last):
+...
+ValueError: -o .../out.bin is the same file as the input .../out.bin: writing it would destroy that input; choose another output path
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO
+
+# Test hook: when set, atomic_write pauses this many seconds after the content is written and before
+# the rename, so a test can deliver SIGINT/SIGTERM mid-write deterministically (tests/test_atomic_writes.py).
+HOLD_ENV = "NGRAM_SPEC_TEST_HOLD_BEFORE_RENAME"
+
+
+def _terminate(signum, frame):
+    raise SystemExit(128 + signum)  # unwinds through every ``finally``: temporaries are removed
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """While the block runs, SIGTERM raises ``SystemExit(143)`` instead of killing the process outright
+    (only the main thread can install a handler; elsewhere the default stays)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike, mode: str = "wb", **open_kwargs) -> Iterator[IO]:
+    """Open a temporary file next to ``path`` for writing (``mode`` ``"wb"`` or ``"w"``); when the block
+    ends normally it is fsync'ed and renamed over ``path``; on any exception it is removed.
+    A ``path`` that exists and is not a regular file (``/dev/stdout``, a named pipe) is written directly."""
+    if mode not in ("wb", "w"):
+        raise ValueError(f"atomic_write writes whole files: mode 'wb' or 'w', not {mode!r}")
+    if os.path.isdir(path):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+    if os.path.exists(path) and not os.path.isfile(path):  # /dev/stdout, a pipe: a stream, not a file to replace
+        with open(path, mode, **open_kwargs) as f:
+            yield f
+        return
+    given, path = path, Path(os.path.realpath(path))  # through a symbolic link, like open(path, "w")
+    with _sigterm_unwinds():
+        try:
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        except OSError as exc:  # a missing or read-only folder: name the file the user gave
+            raise type(exc)(exc.errno, exc.strerror, str(given)) from None
+        try:
+            os.chmod(tmp, _file_mode(path))
+            with os.fdopen(fd, mode, **open_kwargs) as f:
+                yield f
+                f.flush()
+                os.fsync(f.fileno())
+            hold = os.environ.get(HOLD_ENV)
+            if hold:
+                time.sleep(float(hold))
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+
+def _file_mode(path: Path) -> int:
+    """The permissions the written file gets: the old file's, else what ``open`` would give (umask)."""
+    try:
+        return path.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def check_outputs(outputs: dict[str, str | os.PathLike | None], inputs: Iterable[str | os.PathLike | None]) -> None:
+    """Refuse an output path (``outputs``: option -> path, ``None`` = not given) that is the same file
+    as one of ``inputs`` (``os.path.samefile``: symbolic and hard links included) or as another output."""
+    given = {flag: path for flag, path in outputs.items() if path is not None}
+    existing = [path for path in inputs if path is not None and os.path.exists(path)]
+    for flag, output in given.items():
+        for path in existing:
+            if os.path.exists(output) and os.path.samefile(output, path):
+                raise ValueError(f"{flag} {output} is the same file as the input {path}: writing it would destroy "
+                                 "that input; choose another output path")
+    seen: dict[str, str] = {}
+    for flag, output in given.items():
+        key = os.path.realpath(output)
+        if key in seen:
+            raise ValueError(f"{seen[key]} and {flag} name the same file {output}; give each output its own path")
+        seen[key] = flag
