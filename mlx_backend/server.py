@@ -339,6 +339,14 @@ class SpecResponseGenerator(mlx_server.ResponseGenerator):
             _rebind(mlx_server.ResponseGenerator._serve_single, stream_generate=self.stream_generate), self)
         super().__init__(model_provider, prompt_cache)
 
+    def _run_generate(self):
+        """mlx-lm's generation thread, destroying the mlx streams it made before it ends: a thread-local
+        stream left to the thread's teardown can abort the process at exit (mlx's ``clear_streams``)."""
+        try:
+            super()._run_generate()
+        finally:
+            mx.clear_streams()
+
     def _tokenize(self, tokenizer, request, args):
         result = super()._tokenize(tokenizer, request, args)
         prompt = result[0]
