@@ -46,11 +46,9 @@ from mlx_lm import server as mlx_server
 from mlx_lm.generate import stream_generate as plain_stream_generate
 from mlx_lm.models.cache import LRUPromptCache
 
+from mlx_backend.api import HashTable, as_table, load_cache
+from mlx_backend.dynamic_cache import load_dynamic, save_dynamic
 from mlx_backend.generate import SpecStats, default_drafter, stream_generate as spec_stream_generate
-
-if "stream_generate" not in mlx_server.ResponseGenerator._serve_single.__code__.co_names:
-    raise ImportError(f"mlx-lm {MLX_LM_VERSION}: ResponseGenerator._serve_single no longer calls stream_generate; "
-                      "ngram-spec serve supports mlx-lm >=0.32.0,<0.33")
 
 log = logging.getLogger("ngram_spec.server")
 
@@ -147,10 +145,6 @@ class _EosCutDrafter:
     def tokens(self):
         return self.inner.tokens
 
-    @property
-    def c_ctx(self):
-        return self.inner.c_ctx
-
 
 def _scope_file(directory: Path, user: str) -> Path:
     """The dynamic-cache file of ``user`` under ``directory`` (a hash: user names never appear on disk)."""
@@ -169,22 +163,14 @@ class NgramSpeculator:
     """
 
     def __init__(self, *, draft_max: Optional[int] = None, speculative: bool = True, static=None,
-                 dynamic: Optional[str] = None, scope: str = "server", save_every: int = 20, learn: bool = True):
-        from mlx_backend.api import HashTable, as_table
-        from mlx_backend.dynamic_cache import load_dynamic
-
+                 dynamic: Optional[str] = None, scope: str = "server", save_every: int = 20):
         if scope not in ("server", "user"):
             raise ValueError(f"--dynamic-scope must be server or user, got {scope!r}")
         if save_every < 1:
             raise ValueError(f"--save-every must be at least 1, got {save_every}")
         self.draft_max, self.speculative, self.scope, self.save_every = draft_max, speculative, scope, save_every
-        self.learn = learn
-        self.c_st = None
-        if static is not None:
-            from mlx_backend.api import load_cache
-            self.c_st = load_cache(static)
+        self.c_st = None if static is None else load_cache(static)
         self.path = None if dynamic is None else Path(dynamic)
-        self._new_table, self._as_table, self._load = HashTable, as_table, load_dynamic
         self.c_dyn: dict[Optional[str], Any] = {}
         self._dirty: set = set()
         if self.path is not None and scope == "user":
@@ -211,9 +197,9 @@ class NgramSpeculator:
         key = self._key(user)
         if key not in self.c_dyn:
             if self.path is not None and self.scope == "user":
-                self.c_dyn[key] = self._as_table(self._load(_scope_file(self.path, user)), copy=False)
+                self.c_dyn[key] = as_table(load_dynamic(_scope_file(self.path, user)), copy=False)
             else:
-                self.c_dyn[key] = self._new_table()
+                self.c_dyn[key] = HashTable()
         return self.c_dyn[key]
 
     def drafter(self, user: Optional[str], prefix: list[int], eos: set[int]):
@@ -234,7 +220,7 @@ class NgramSpeculator:
             t["draft_n"] += s.n_drafted
             t["draft_n_accepted"] += s.n_accept
             t["generation_seconds"] += spec.t_generate
-        if not (completed and self.learn) or (self.scope == "user" and spec.user is None):
+        if not completed or (self.scope == "user" and spec.user is None):
             return
         table = self.dynamic_for(spec.user)
         table.update(np.asarray(history, np.int32), n_prompt, len(history))
@@ -245,8 +231,6 @@ class NgramSpeculator:
 
     def save(self) -> None:
         """Write every changed dynamic cache to its file atomically."""
-        from mlx_backend.dynamic_cache import save_dynamic
-
         if self.path is None:
             return
         for key in sorted(self._dirty, key=str):
@@ -309,12 +293,11 @@ class InjectedModelProvider(mlx_server.ModelProvider):
         self.model_key, self.processor, self.is_batchable = (self.model_id, None, None), None, False
 
     def load(self, model_path, adapter_path=None, draft_model_path=None):
-        if model_path not in ("default_model", self.model_id) or adapter_path is not None \
-                or draft_model_path not in (None, "default_model"):
-            asked = model_path if model_path not in ("default_model", self.model_id) else \
-                (adapter_path if adapter_path is not None else draft_model_path)
-            raise ModelNotServed(f"The model `{asked}` does not exist on this server; it serves `{self.model_id}` "
-                                 "(n-gram speculation needs no draft model or adapter)")
+        if model_path not in ("default_model", self.model_id):
+            raise ModelNotServed(f"The model `{model_path}` does not exist on this server; it serves "
+                                 f"`{self.model_id}`")
+        if adapter_path is not None or draft_model_path not in (None, "default_model"):
+            raise ModelNotServed("this server serves no adapters or draft models (n-gram speculation needs none)")
         if self.model is None:
             self._install()
         return self.model, self.tokenizer
@@ -425,7 +408,8 @@ class SpecAPIHandler(mlx_server.APIHandler):
     """mlx-lm's ``APIHandler`` plus the speculation fields, metrics in every response, ``GET /v1/stats``
     and OpenAI-style error bodies (``{"error": {"message", "type", "param", "code"}}``)."""
 
-    _status = 200
+    _status = 0  # the status sent, 0 before any
+    _error: Optional[BaseException] = None  # the exception being answered, if any
     spec: Optional[RequestSpec] = None
 
     def setup(self):
@@ -438,12 +422,24 @@ class SpecAPIHandler(mlx_server.APIHandler):
         exc = sys.exc_info()[1]
         if code == 404 and isinstance(exc, RequestError):
             code = exc.status
-        self._status = code
+        self._status, self._error = code, exc
         super().send_response(code, message)
+
+    def do_POST(self):
+        try:
+            super().do_POST()
+        except (ValueError, AssertionError) as exc:  # mlx-lm 0.32.0 lets bad-request errors escape do_POST
+            if self._status:
+                raise
+            self._set_completion_headers(400)
+            self.end_headers()
+            self.wfile.write(json.dumps({"error": str(exc)}).encode())
 
     def validate_model_parameters(self) -> None:
         super().validate_model_parameters()
         body = self.body
+        if self.max_tokens < 1:  # mlx-lm 0.32.0 accepts 0 and then fails mid-response
+            raise ValueError("max_tokens must be at least 1")
         unknown = sorted(set(body) - MLX_LM_FIELDS - SPEC_FIELDS - OPENAI_FIELDS)
         if unknown:
             raise ValueError(f"Unrecognized request argument(s) supplied: {', '.join(unknown)}")
@@ -546,7 +542,7 @@ class _OpenAIErrorBodies:
             except (ValueError, KeyError, TypeError):
                 error = data.decode(errors="replace")
             if not isinstance(error, dict):
-                code = "model_not_found" if "does not exist on this server" in str(error) else None
+                code = "model_not_found" if isinstance(self._handler._error, ModelNotServed) else None
                 error = {"message": str(error), "type": _ERROR_TYPES.get(status, "server_error"),
                          "param": None, "code": code}
             data = json.dumps({"error": error}).encode()
@@ -580,9 +576,17 @@ def build_server_args(args) -> argparse.Namespace:
         quantized_kv_start=mlx_server.DEFAULT_QUANTIZED_KV_START, pipeline=False, log_level=args.log_level)
 
 
+def check_mlx_lm() -> None:
+    """Refuse an mlx-lm whose single-sequence path no longer calls ``stream_generate`` (the seam used here)."""
+    if "stream_generate" not in mlx_server.ResponseGenerator._serve_single.__code__.co_names:
+        raise ValueError(f"mlx-lm {MLX_LM_VERSION}: ResponseGenerator._serve_single no longer calls stream_generate; "
+                         "ngram-spec serve supports mlx-lm >=0.32.0,<0.33 (pip install 'mlx-lm>=0.32.0,<0.33')")
+
+
 def run_serve(args) -> int:
     from mlx_backend.cli import load_model
 
+    check_mlx_lm()
     if args.max_tokens < 1:
         raise ValueError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     if args.draft_max is not None and args.draft_max < 0:
