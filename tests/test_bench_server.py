@@ -30,6 +30,8 @@ pytest.importorskip("mlx_lm")
 from test_server import Server  # noqa: E402
 
 MAX_TOKENS = int(os.environ.get("NGRAM_SPEC_BENCH_TOKENS", "160"))
+LINES = int(os.environ.get("NGRAM_SPEC_BENCH_LINES", "60"))  # of textwrap.py shown in the first turn
+SERVE_ARGS = os.environ.get("NGRAM_SPEC_BENCH_SERVE_ARGS", "").split()  # e.g. "--draft-max 4"
 EDITS = (
     "Rename the class TextWrapper to LineWrapper everywhere.",
     "Change the default width from 70 to 80.",
@@ -38,10 +40,10 @@ EDITS = (
 
 
 def source_file() -> str:
-    """The opening of textwrap.py from this interpreter's standard library (about 60 lines)."""
+    """The first ``LINES`` lines of ``class TextWrapper`` in this interpreter's standard library textwrap.py."""
     lines = Path(textwrap.__file__).read_text().splitlines()
     start = next(i for i, ln in enumerate(lines) if ln.startswith("class TextWrapper"))
-    return "\n".join(lines[start:start + 60]) + "\n"
+    return "\n".join(lines[start:start + LINES]) + "\n"
 
 
 @pytest.fixture(scope="module")
@@ -100,8 +102,9 @@ def edit_loop(servers: dict[str, Server]) -> list[dict]:
 def test_bench_edit_loop_vs_mlx_lm_server(benchmark, smollm2_dir, tmp_path):
     from mlx_backend.cli import blas_in_use
 
-    spec = Server("--model", str(smollm2_dir), "--dynamic", str(tmp_path / "dyn.ngram"), timeout=600)
-    plain = Server("server", "--model", str(smollm2_dir), module="mlx_lm", timeout=600)
+    spec = Server("--model", str(smollm2_dir), "--dynamic", str(tmp_path / "dyn.ngram"), *SERVE_ARGS, timeout=600,
+                  request_timeout=3600)
+    plain = Server("server", "--model", str(smollm2_dir), module="mlx_lm", timeout=600, request_timeout=3600)
     try:
         runs = {}
 
@@ -111,8 +114,10 @@ def test_bench_edit_loop_vs_mlx_lm_server(benchmark, smollm2_dir, tmp_path):
 
         benchmark.pedantic(both, rounds=1, iterations=1)
     finally:
-        spec.stop()
-        plain.stop(check=False)
+        try:
+            spec.stop()
+        finally:
+            plain.stop(check=False)  # mlx_lm.server does not handle SIGTERM
     report = {}
     for run, rows in runs.items():
         for row in rows:
@@ -127,5 +132,6 @@ def test_bench_edit_loop_vs_mlx_lm_server(benchmark, smollm2_dir, tmp_path):
             r["ngram-spec"]["tok_s"] / r["mlx_lm"]["tok_s"] for r in rows), 3)
     benchmark.extra_info.update(report)
     benchmark.extra_info.update(blas=blas_in_use(), machine=platform.processor() or platform.machine(),
-                                python=sys.version.split()[0], max_tokens=MAX_TOKENS)
+                                python=sys.version.split()[0], max_tokens=MAX_TOKENS, file_lines=LINES,
+                                serve_args=" ".join(SERVE_ARGS))
     print(json.dumps(report, indent=1))

@@ -42,7 +42,7 @@ class Server:
     """``ngram-spec serve ARGS`` (or ``python -m MODULE ARGS``: ``module="mlx_lm", args=("server", ...)``) in a
     subprocess on a free port; ``stop()`` sends SIGTERM and checks the exit status is 0."""
 
-    def __init__(self, *args: str, module: str = "reference", timeout: float = 240.0):
+    def __init__(self, *args: str, module: str = "reference", timeout: float = 240.0, request_timeout: float = 300):
         self.port = free_port()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[1]),
                                                            os.environ.get("PYTHONPATH", "")]))
@@ -65,7 +65,7 @@ class Server:
                 raise RuntimeError("server did not start")
             time.sleep(0.3)
         self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="unused", max_retries=0,
-                                    timeout=300)
+                                    timeout=request_timeout)
 
     def get(self, path: str):
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
@@ -84,7 +84,7 @@ class Server:
 
     def stop(self, check: bool = True) -> str:
         self.proc.terminate()
-        out = self.proc.communicate(timeout=120)[0].decode()
+        out = self.proc.communicate(timeout=600)[0].decode()  # a request in progress is finished first
         assert self.proc.returncode == 0 or not check, out
         return out
 
