@@ -376,3 +376,15 @@ def test_mlx_lm_server_itself_is_not_modified():
     rebound = ours._rebind(mlx_lm.server.ResponseGenerator._serve_single, stream_generate=len)
     assert rebound.__code__ is mlx_lm.server.ResponseGenerator._serve_single.__code__
     assert rebound.__globals__["stream_generate"] is len
+
+
+def test_serve_is_listed_without_mlx_with_the_install_hint():
+    import argparse
+
+    from reference.cli import UserError, _register_unavailable
+
+    sub = argparse.ArgumentParser(prog="ngram-spec").add_subparsers(dest="command")
+    _register_unavailable(sub, "mlx_backend.server", "mlx")
+    args = sub.choices["serve"].parse_args([])
+    with pytest.raises(UserError, match=r"pip install 'ngram-spec\[mlx\]'"):
+        args.func(args)
