@@ -283,7 +283,9 @@ def test_dynamic_cache_is_loaded_at_start_and_scoped_per_user(models, tmp_path):
 
 def test_second_turn_reuses_the_hybrid_prompt_cache_exactly(models):
     """qwen3_5 (GatedDeltaNet + attention): turn 2 continues from turn 1's stored cache, which must hold the
-    accepted tokens only; its answer must be plain greedy decoding of the whole conversation from scratch."""
+    accepted tokens only; its answer must be plain greedy decoding of the whole conversation from scratch.
+    Also after a turn cut by a stop word (possibly inside a verify step: the cache then holds more tokens
+    than the answer, and is stored under those)."""
     import mlx.core as mx
     from mlx_lm import load
     from mlx_lm.generate import generate_step
@@ -296,18 +298,30 @@ def test_second_turn_reuses_the_hybrid_prompt_cache_exactly(models):
         turn2 = turn1 + [{"role": "assistant", "content": text1},
                          {"role": "user", "content": "again: abc abc def def"}]
         text2, ids2, r2 = chat(server, turn2, logit_bias=LETTERS)
+        stopped = [{"role": "user", "content": "def def abc abc def def abc"}]
+        cut = chat(server, stopped, logit_bias=LETTERS)[0]
+        r_cut = server.client.chat.completions.create(model="default_model", messages=stopped, max_tokens=N,
+                                                      temperature=0.0, logit_bias=LETTERS, stop=[cut[9:11]])
+        text_cut = r_cut.choices[0].message.content
+        after_stop = stopped + [{"role": "assistant", "content": text_cut}, {"role": "user", "content": "more"}]
+        ids3 = chat(server, after_stop, logit_bias=LETTERS)[1]
     finally:
         server.stop()
+    assert r_cut.choices[0].finish_reason == "stop" and len(text_cut) < len(cut)
     assert r2.usage.prompt_tokens_details.cached_tokens >= r1.usage.prompt_tokens + len(ids1) - 1
     drafted = r1.model_extra["timings"]["draft_n"] + r2.model_extra["timings"]["draft_n"]
     accepted = r1.model_extra["timings"]["draft_n_accepted"] + r2.model_extra["timings"]["draft_n_accepted"]
     assert drafted > accepted > 0           # drafts were accepted and rejected (rolled back)
     model, tokenizer = load(str(models["qwen3_5"]))
-    prompt = tokenizer.apply_chat_template(turn2, add_generation_prompt=True)
     processors = make_logits_processors({int(k): v for k, v in LETTERS.items()})
-    plain = [t for t, _ in generate_step(mx.array(prompt), model, max_tokens=N, logits_processors=processors,
-                                         sampler=lambda x: mx.argmax(x, axis=-1))]
-    assert ids2 == plain
+
+    def plain(messages):
+        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        return [t for t, _ in generate_step(mx.array(prompt), model, max_tokens=N, logits_processors=processors,
+                                            sampler=lambda x: mx.argmax(x, axis=-1))]
+
+    assert ids2 == plain(turn2)
+    assert ids3 == plain(after_stop)
 
 
 @pytest.mark.slow
@@ -388,3 +402,59 @@ def test_serve_is_listed_without_mlx_with_the_install_hint():
     args = sub.choices["serve"].parse_args([])
     with pytest.raises(UserError, match=r"pip install 'ngram-spec\[mlx\]'"):
         args.func(args)
+
+
+def test_a_response_cut_inside_a_verify_step_stores_the_tokens_its_hybrid_cache_holds(models):
+    """The client stops reading after 2 tokens of a verify step that accepted 4 drafts: the qwen3_5 cache then
+    holds 2 more tokens than the answer (GatedDeltaNet state cannot be trimmed back), and must be stored
+    under exactly the tokens it holds, with the state a fresh prefill of those tokens gives."""
+    import mlx.core as mx
+    from mlx_lm import load
+    from mlx_lm.generate import generate_step
+    from mlx.utils import tree_flatten
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from mlx_backend.server import HeldPromptCache, RequestSpec, SpecCompletionRequest, SpecResponseGenerator
+
+    model, tokenizer = load(str(models["qwen3_5"]))
+    prompt = tokenizer.encode("abc abc abc")
+    truth = [t for t, _ in generate_step(mx.array(prompt), model, max_tokens=12,
+                                         sampler=lambda x: mx.argmax(x, axis=-1))]
+
+    class Oracle:  # drafts the true continuation; also the speculator the generator is handed
+        def drafter(self, user, prefix, eos):
+            return self
+
+        def reset(self, tokens):
+            self.tokens = list(tokens)
+
+        def extend(self, tokens):
+            self.tokens += list(tokens)
+
+        def draft(self, n):
+            done = len(self.tokens) - len(prompt)
+            return truth[done:done + n]
+
+        def finish(self, *args):
+            pass
+
+    generator = object.__new__(SpecResponseGenerator)   # its methods only, no generation thread
+    generator.prompt_cache = HeldPromptCache(2)
+    request = SpecCompletionRequest("text", "", [], None, None, spec=RequestSpec(True, 4, None))
+    generator._current = (request, list(prompt))
+    cache = make_prompt_cache(model)
+    steps = generator.stream_generate(model, tokenizer, prompt, 12, draft_model=Oracle(), prompt_cache=cache)
+    read = [next(steps).token, next(steps).token]
+    steps.close()
+    held_cache, held = generator.prompt_cache._held
+    assert read == truth[:2] and held_cache is cache
+    assert held == prompt + truth[:4]                       # 4 accepted tokens fed, the bonus token not
+    fresh = make_prompt_cache(model)
+    model(mx.array([held]), cache=fresh)
+    ours, want = tree_flatten([c.state for c in cache]), tree_flatten([c.state for c in fresh])
+    assert [k for k, _ in ours] == [k for k, _ in want] and len(ours) > 0
+    for (_, a), (_, b) in zip(ours, want):        # conv windows, recurrent states, keys, values, offsets
+        if isinstance(a, mx.array):
+            assert a.shape == b.shape and mx.allclose(a, b, atol=1e-5).item()
+        else:
+            assert a == b
