@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "reference.cli.model",  # generate, tiny-model
     "mlx_backend.cli",  # demo
     "mlx_backend.cli_tables",  # convert
+    "mlx_backend.server",  # serve
     "conformance.cli",  # conformance
 )
 
@@ -52,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _register_unavailable(sub, module_name: str, missing: str) -> None:
     """Keep the command line usable without mlx: the mlx commands then explain how to get them."""
     help_text = f"(needs {missing}: pip install 'ngram-spec[mlx]')"
-    commands = {"mlx_backend.cli": ["demo"], "mlx_backend.cli_tables": ["convert"]}.get(module_name, [])
+    commands = {"mlx_backend.cli": ["demo"], "mlx_backend.cli_tables": ["convert"],
+                "mlx_backend.server": ["serve"]}.get(module_name, [])
     for command in commands:
         parser = sub.add_parser(command, help=help_text, description=help_text)
 
