@@ -26,11 +26,12 @@ the argmax.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_sampler
+
+from reference.cli.model import check_sampling
 
 
 def greedy(logprobs: mx.array) -> mx.array:
@@ -74,21 +75,6 @@ class Sampler:
 
     def __call__(self, logprobs: mx.array) -> mx.array:
         return self._draw(logprobs)
-
-
-def check_sampling(temp: float, top_p: float = 1.0, min_p: float = 0.0, top_k: int = 0,
-                   min_tokens_to_keep: int = 1) -> None:
-    """Refuse sampling arguments with no meaning (ValueError naming the argument and its range)."""
-    if not temp >= 0 or math.isinf(temp):
-        raise ValueError(f"temp must be a finite number >= 0 (0 = greedy), got {temp}")
-    if not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1] (1 = off), got {top_p}")
-    if not 0 <= min_p <= 1:
-        raise ValueError(f"min_p must be in [0, 1] (0 = off), got {min_p}")
-    if top_k < 0:
-        raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")
-    if min_tokens_to_keep < 1:
-        raise ValueError(f"min_tokens_to_keep must be >= 1, got {min_tokens_to_keep}")
 
 
 def accept_or_resample(p: mx.array, d: int) -> tuple[int, bool]:

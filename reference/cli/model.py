@@ -139,16 +139,26 @@ def cmd_tiny_model(args) -> int:
     return 0
 
 
+def check_sampling(temp: float, top_p: float = 1.0, min_p: float = 0.0, top_k: int = 0,
+                   min_tokens_to_keep: int = 1, cli: bool = False) -> None:
+    """Refuse sampling arguments with no meaning (ValueError naming the argument, its value and its range):
+    ``temp >= 0``, ``0 < top_p <= 1`` (1 = off), ``0 <= min_p <= 1``, ``top_k >= 0``, ``min_tokens_to_keep >= 1``.
+    Used by ``generate`` (``cli``: names as flags) and by ``mlx_backend.sampling.Sampler``."""
+    rules = (("temp", temp, 0 <= temp < float("inf"), "a number >= 0 (0 = greedy)"),
+             ("top_p", top_p, 0 < top_p <= 1, "in (0, 1] (1 = off)"),
+             ("min_p", min_p, 0 <= min_p <= 1, "in [0, 1] (0 = off)"),
+             ("top_k", top_k, top_k >= 0, ">= 0 (0 = off)"),
+             ("min_tokens_to_keep", min_tokens_to_keep, min_tokens_to_keep >= 1, "at least 1"))
+    for name, value, ok, rule in rules:
+        if not ok:
+            raise ValueError(f"{'--' + name.replace('_', '-') if cli else name} must be {rule}, got {value}")
+
+
 def check_generate_args(args) -> None:
-    """Refuse values with no meaning before any work, one line each (both backends; the Python API's
-    ``mlx_backend.sampling.Sampler`` refuses the same)."""
+    """Refuse values with no meaning before any work, one line each (both backends)."""
+    check_sampling(args.temp, args.top_p, args.min_p, args.top_k, args.min_tokens_to_keep, cli=True)
     rules = (("--max-tokens", args.max_tokens, args.max_tokens >= 1, "at least 1"),
              ("--draft-max", args.draft_max, args.draft_max is None or args.draft_max >= 0, ">= 0"),
-             ("--temp", args.temp, 0 <= args.temp < float("inf"), "a number >= 0 (0 = greedy)"),
-             ("--top-p", args.top_p, 0 < args.top_p <= 1, "in (0, 1] (1 = off)"),
-             ("--min-p", args.min_p, 0 <= args.min_p <= 1, "in [0, 1] (0 = off)"),
-             ("--min-tokens-to-keep", args.min_tokens_to_keep, args.min_tokens_to_keep >= 1, "at least 1"),
-             ("--top-k", args.top_k, args.top_k >= 0, ">= 0 (0 = off)"),
              ("--max-kv-size", args.max_kv_size, args.max_kv_size is None or args.max_kv_size >= 1, "at least 1"))
     for flag, value, ok, rule in rules:
         if not ok:
