@@ -77,8 +77,11 @@ def test_an_eos_inside_an_accepted_run_is_counted_alike(models, tmp_path, capsys
     common = ["--model", str(models[arch]), "--prompt-tokens", str(tmp_path / "p.i32"), "--max-tokens", "26"]
     plain, static = continuation_and_static(capsys, tmp_path, common)
     stop = next(i for i in range(2, 11) if plain[i] not in plain[:i])   # inside the first 12 the cache knows
-    ref, mlx = both(capsys, *common, "--draft-max", "8", "--static", static, "--extra-eos-token", str(plain[stop]))
+    argv = [*common, "--draft-max", "8", "--static", static, "--extra-eos-token", str(plain[stop])]
+    ref, mlx = (run_json(capsys, "--backend", b, *argv, "--dynamic", str(tmp_path / b)) for b in ("reference", "mlx"))
     assert_same_run(ref, mlx)
+    # both learned the same n-grams, the whole last step's included: the saved dynamic caches are the same bytes
+    assert (tmp_path / "reference").read_bytes() == (tmp_path / "mlx").read_bytes()
     assert ref["finish_reason"] == "stop" and ref["tokens"] == plain[:stop]
     assert ref["n_accept"] >= stop + 1 - ref["steps"] > 0   # and accepted drafts past the EOS, if any
     ref, mlx = both(capsys, *common, "--no-spec")
