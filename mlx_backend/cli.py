@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx  # without mlx, reference.cli registers `demo` as "needs mlx: pip install ..."
+import mlx.nn as nn
 
 OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
 _REEXEC_MARK = "NGRAM_SPEC_BLAS_SET"
@@ -81,13 +82,23 @@ def load_model(model: str | None, dtype: str | None = None):
         m, tokenizer = load(model)
     except (ValueError, RuntimeError) as exc:  # mlx-lm's and mlx's errors for a config or weights they cannot read
         raise ValueError(f"--model {model}: mlx-lm cannot load this model directory: {exc}") from exc
-    return m, tokenizer, str(model)
+    quantized = any(isinstance(mod, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for _, mod in m.named_modules())
+    if dtype is None:
+        return m, tokenizer, str(model)
+    if dtype == "quantized" or quantized:
+        raise ValueError(f"--dtype {dtype}: {model} is {'' if quantized else 'not '}quantized and mlx-lm loads it "
+                         "as stored; drop --dtype, or convert it first (mlx_lm.convert -q / --dequantize)")
+    m.set_dtype(getattr(mx, dtype))  # every floating parameter (mlx.nn.Module.set_dtype)
+    return m, tokenizer, f"{model} ({dtype})"
 
 
-def prompt_tokens(tokenizer, text: str, chat_template: bool = True) -> list[int]:
-    """``text`` as token ids, wrapped in the chat template when the tokenizer has one (mlx_lm.generate's rule)."""
+def prompt_tokens(tokenizer, text: str, chat_template: bool = True, system_prompt: str | None = None) -> list[int]:
+    """``text`` as token ids, wrapped in the chat template when the tokenizer has one, after the system
+    message if any (mlx_lm.generate's rule)."""
     if chat_template and getattr(tokenizer, "has_chat_template", False):
-        return list(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True))
+        from reference.cli.model import chat_messages
+
+        return list(tokenizer.apply_chat_template(chat_messages(text, system_prompt), add_generation_prompt=True))
     return list(tokenizer.encode(text))
 
 
@@ -266,17 +277,24 @@ def run_demo(args) -> int:
 
 # --- generate --backend mlx ----------------------------------------------------------------------
 
+PREFILL_STEP_SIZE = 2048  # prompt tokens per prefill forward, both modes (mlx_lm.generate's default)
+
+
 def run_generate(args) -> int:
-    """``ngram-spec generate --backend mlx`` (the parser is reference/cli/model.py's)."""
+    """``ngram-spec generate --backend mlx`` (the parser and the argument checks are reference/cli/model.py's)."""
+    import math
+
     from mlx_lm.generate import stream_generate as plain_stream_generate
+    from mlx_lm.models.cache import make_prompt_cache
     from mlx_lm.sample_utils import make_sampler
 
+    from mlx_backend.draft_policy import DEFAULT_K_MAX
     from mlx_backend.dynamic_cache import load_dynamic, save_dynamic
-    from mlx_backend.generate import SpecStats, default_drafter, stream_generate
+    from mlx_backend.generate import SpecStats, check_prompt, default_drafter, stream_generate
+    from reference.cli.model import generation_record
     from reference.ours_file import check_file_tokenizer
 
-    dtype = getattr(args, "dtype", None)
-    dtype = None if dtype in (None, "auto") else dtype
+    dtype = None if args.dtype in (None, "auto") else args.dtype
     if dtype == "float64":
         raise ValueError("--dtype float64 is for --backend reference; mlx takes quantized, float32, float16, bfloat16")
     if args.seed is not None:
@@ -288,21 +306,29 @@ def run_generate(args) -> int:
         shard = cli_run(args.shard_timeout)
     model, tokenizer, desc = (shard.load(args.model, args.shard, dtype, "ngram-spec generate") if shard
                               else load_model(args.model, dtype))
+    if args.max_kv_size is not None and hasattr(model, "make_cache"):
+        raise ValueError(f"--max-kv-size: {desc} makes its own caches (model.make_cache), so mlx-lm's "
+                         "make_prompt_cache ignores max_kv_size for it; drop --max-kv-size")
+    for token in args.extra_eos_token:
+        tokenizer.add_eos_token(token)
     if args.prompt_tokens is not None:
         from reference.tokens import read_tokens
 
         prompt = [int(t) for t in read_tokens(args.prompt_tokens)]
     elif args.prompt is not None:
-        prompt = prompt_tokens(tokenizer, args.prompt, chat_template=not args.ignore_chat_template)
+        prompt = prompt_tokens(tokenizer, args.prompt, chat_template=not args.ignore_chat_template,
+                               system_prompt=args.system_prompt)
     else:
         raise ValueError("give the prompt as --prompt TEXT or --prompt-tokens FILE")
     if shard:
         prompt = shard.prompt(prompt)
-    sampler = make_sampler(args.temp, top_p=args.top_p)
+    check_prompt(prompt, model)  # before any forward: an id past the embedding is garbage or a crash
+    sampler = make_sampler(args.temp, args.top_p, args.min_p, args.min_tokens_to_keep, top_k=args.top_k)
+    common = dict(max_tokens=args.max_tokens, sampler=sampler, prefill_step_size=PREFILL_STEP_SIZE,
+                  prompt_cache=make_prompt_cache(model, args.max_kv_size))
     stats, drafter, c_dyn = SpecStats(), None, None
     if args.no_spec:
-        responses = plain_stream_generate(model, tokenizer, mx.array(prompt), max_tokens=args.max_tokens,
-                                          sampler=sampler)
+        responses = plain_stream_generate(model, tokenizer, mx.array(prompt), **common)
     else:
         check_file_tokenizer(tokenizer, args.static, args.dynamic)
         c_dyn = load_dynamic(args.dynamic) if args.dynamic else None
@@ -311,14 +337,14 @@ def run_generate(args) -> int:
         if shard:
             spec = shard.spec_kwargs(model, sampler=sampler, draft_max=args.draft_max, drafter=drafter,
                                      c_st=args.static, c_dyn=args.dynamic)
-        responses = stream_generate(tokenizer=tokenizer, prompt=mx.array(prompt), max_tokens=args.max_tokens,
-                                    stats=stats, **spec)
+        responses = stream_generate(tokenizer=tokenizer, prompt=mx.array(prompt), stats=stats, **{**common, **spec})
     tokens, text, last = [], [], None
     for last in responses:
         tokens.append(int(last.token))
         text.append(last.text)
         if not args.json:
             print(last.text, end="", flush=True)
+    n_emitted = len(tokens)
     if tokens and last.finish_reason == "stop":
         tokens.pop()  # the EOS token, not part of the text (mlx-lm's convention)
     if shard:
@@ -327,27 +353,28 @@ def run_generate(args) -> int:
     if drafter is not None and args.dynamic and (shard is None or shard.rank == 0):
         save_dynamic(args.dynamic, c_dyn, drafter.c_ctx)
         print(f"saved the dynamic cache to {args.dynamic}", file=sys.stderr)
-    n_forward = len(tokens) if args.no_spec else stats.n_forward
-    record = {
-        "backend": "mlx", "model": desc, "blas": blas_in_use(), "spec": not args.no_spec,
-        "draft_max": 0 if args.no_spec else ("auto" if args.draft_max is None else args.draft_max),
-        "prompt_tokens": len(prompt), "tokens": tokens,
-        "text": "".join(text), "n_forward": n_forward, "steps": len(tokens) if args.no_spec else stats.steps,
-        "n_drafted": stats.n_drafted, "n_accept": stats.n_accept, "accept": round(stats.accept, 2),
-        "tokens_per_forward": 1.0 if args.no_spec else round(stats.tokens_per_forward, 4),
-        "prompt_tps": round(last.prompt_tps, 2) if last else 0.0,
-        "generation_tps": round(last.generation_tps, 2) if last else 0.0,
-    }
+    if args.no_spec:   # mlx-lm's generate_step: the prompt but its last token in chunks, then one step a token
+        stats = SpecStats(steps=n_emitted, n_forward=n_emitted + math.ceil((len(prompt) - 1) / PREFILL_STEP_SIZE))
+    draft_max, policy = ((0, "none") if args.no_spec else (DEFAULT_K_MAX, "auto") if args.draft_max is None
+                         else (args.draft_max, "fixed"))
+    record = generation_record(
+        backend="mlx", model=desc, blas=blas_in_use(), spec=not args.no_spec, draft_max=draft_max,
+        draft_policy=policy, prompt=prompt, tokens=tokens, text="".join(text), finish_reason=last.finish_reason,
+        stats=stats, n_emitted=n_emitted, prompt_tps=last.prompt_tps, generation_tps=last.generation_tps)
     if args.json:
         print(json.dumps(record))
         return 0
-    print("\n==========")
+    print()
+    if not args.verbose:
+        return 0
+    print("==========")
     print(f"Prompt: {len(prompt)} tokens, {record['prompt_tps']:.1f} tokens-per-sec")
     print(f"Generation: {len(tokens)} tokens, {record['generation_tps']:.1f} tokens-per-sec")
     if not args.no_spec:
-        print(f"Speculative: {stats.steps} decode forwards, {stats.tokens_per_forward:.2f} tokens per forward, "
-              f"drafted {stats.n_drafted}, accepted {stats.n_accept} ({stats.accept:.0f} %)")
-    print(f"Model: {desc}, BLAS: {record['blas']}")
+        print(f"Speculative: {stats.steps} steps, {record['tokens_per_forward']:.2f} tokens per step, "
+              f"drafted {stats.n_drafted}, accepted {stats.n_accept} ({stats.accept:.0f} %), "
+              f"draft max {draft_max} ({policy})")
+    print(f"Backend: mlx, model: {desc}, BLAS: {record['blas']}")
     return 0
 
 

@@ -23,6 +23,7 @@ from mlx_backend.draft_policy import (DEFAULT_K_MAX, DraftPolicy, FixedDraftLeng
                                       measure_verify_cost)
 from mlx_backend.rollback import VerifyCache
 from mlx_backend.sampling import greedy, verify_drafts
+from reference.speculative import in_vocab
 
 
 @dataclass
@@ -81,6 +82,26 @@ def default_drafter(c_st=None, c_dyn=None):
     return ngram_api().NgramDrafter(c_st=c_st, c_dyn=c_dyn)
 
 
+def vocab_size(model: nn.Module) -> Optional[int]:
+    """The token ids ``model`` takes: the rows of its ``embed_tokens`` (else ``model.args.vocab_size``,
+    else None). An id outside them reads past the embedding: garbage, or a crash."""
+    for name, module in model.named_modules():
+        if isinstance(module, (nn.Embedding, nn.QuantizedEmbedding)) and name.endswith("embed_tokens"):
+            return int(module.weight.shape[0])
+    return getattr(getattr(model, "args", None), "vocab_size", None)
+
+
+def check_prompt(prompt_ids: list[int], model: nn.Module) -> None:
+    """Refuse an empty prompt or a token id outside the model's vocabulary (ValueError naming both)."""
+    if not prompt_ids:
+        raise ValueError("the prompt must hold at least one token")
+    n_vocab = vocab_size(model)
+    for i, t in enumerate(prompt_ids):
+        if t < 0 or (n_vocab is not None and t >= n_vocab):
+            raise ValueError(f"prompt token id {t} (position {i}) is outside the model's vocabulary of "
+                             f"{n_vocab} tokens (ids 0..{n_vocab - 1}): was the prompt made with another tokenizer?")
+
+
 def ngram_speculative_generate_step(
     prompt: mx.array,
     model: nn.Module,
@@ -106,6 +127,13 @@ def ngram_speculative_generate_step(
     :func:`default_drafter` over ``c_st`` / ``c_dyn`` (caches or cache file paths).
     ``prompt_cache`` is updated in place; once the generator is exhausted it holds every token
     but the last. ``gdn_path`` forces a rollback path (see :mod:`mlx_backend.rollback`).
+    A prompt token id outside the model's vocabulary is a ``ValueError`` (raised at the first
+    ``next``); drafts are cut before any such id.
+
+    Drafting and counting follow :mod:`reference.speculative`: the first token (the prompt's last
+    token's step) is not drafted for, later steps draft at most ``max_tokens - emitted - 1``, and a
+    verify step counts (``stats``) and teaches the drafter all its tokens, even past an EOS the
+    consumer stops at; so both backends give the same tokens, ``n_drafted`` and ``n_accept``.
 
     Whenever the cost-aware policy drafts nothing (and always with ``draft_max=0``) the generator
     runs in *plain mode*: one-token steps, each launched on the lazy token of the step before
@@ -115,8 +143,8 @@ def ngram_speculative_generate_step(
     the last yielded token in the cache too, as with ``generate_step``.
     """
     prompt_ids = [int(t) for t in (prompt.tolist() if isinstance(prompt, mx.array) else prompt)]
-    if not prompt_ids:
-        raise ValueError("the prompt must hold at least one token")
+    check_prompt(prompt_ids, model)
+    n_vocab = vocab_size(model)
     if draft_max is not None and draft_max < 0:
         raise ValueError(f"draft_max must be >= 0 or None (auto), got {draft_max}")
     if prefill_step_size < 1:
@@ -137,12 +165,16 @@ def ngram_speculative_generate_step(
     history = list(prompt_ids)     # every token so far; the last one is the next step's input
 
     def room(n_done: int) -> int:
-        """How many drafts a verify step may hold once ``n_done`` tokens have been emitted."""
+        """How many drafts a verify step may hold once ``n_done`` tokens have been emitted: none for the
+        first token (the prompt's, as llama.cpp's lookup), then as many as fit with the model's own token
+        (the rule of :mod:`reference.speculative`)."""
+        if n_done == 0:
+            return 0
         return policy.k_max if max_tokens < 0 else min(policy.k_max, max_tokens - n_done - 1)
 
     def propose(n: int) -> list[int]:
         t0 = time.perf_counter()
-        proposal = [int(t) for t in drafter.draft(n)[:n]] if drafter is not None and n > 0 else []
+        proposal = in_vocab([int(t) for t in drafter.draft(n)[:n]], n_vocab) if drafter is not None and n > 0 else []
         stats.t_draft += time.perf_counter() - t0
         return proposal
 

@@ -9,10 +9,11 @@ distribution at that position,
 
 The emitted token is then distributed exactly as ``p``: ``P(d) = p(d)`` and, for ``t != d``,
 ``P(t) = (1 - p(d)) * p(t) / (1 - p(d)) = p(t)``. :func:`accept_or_resample` implements this
-for samplers that expose their distribution (:class:`Sampler`). For an opaque mlx-lm sampler
-(``mlx_lm.sample_utils.make_sampler``) the equivalent rule is used: draw ``t`` with the sampler
-and accept ``d`` iff ``t == d`` (same acceptance probability ``p(d)``, same residual law).
-Greedy decoding (``sampler=None``) accepts ``d`` iff it is the argmax.
+for samplers that expose their distribution (:class:`Sampler`, mlx-lm's ``make_sampler`` with the same
+arguments and the same law). For an opaque mlx-lm sampler (``make_sampler`` itself) the equivalent
+rule is used: draw ``t`` with the sampler and accept ``d`` iff ``t == d`` (same acceptance
+probability ``p(d)``, same residual law). Greedy decoding (``sampler=None``) accepts ``d`` iff it is
+the argmax.
 
 >>> s = Sampler(temp=1.0)
 >>> p = s.probs(mx.log(mx.array([[0.5, 0.25, 0.25]])))
@@ -28,6 +29,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import mlx.core as mx
+from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_sampler
+
+from reference.cli.model import check_sampling
 
 
 def greedy(logprobs: mx.array) -> mx.array:
@@ -37,42 +41,40 @@ def greedy(logprobs: mx.array) -> mx.array:
 
 @dataclass(frozen=True)
 class Sampler:
-    """Temperature / top-k / top-p sampling whose distribution is available (:meth:`probs`).
+    """``mlx_lm.sample_utils.make_sampler(temp, top_p, min_p, min_tokens_to_keep, top_k)`` whose
+    distribution is available (:meth:`probs`): the same arguments, the same law, the same draws.
 
-    Callable like an mlx-lm sampler (``logprobs [1, V] -> token [1]``); ``temp == 0`` is greedy.
+    As in mlx-lm, top-p, min-p and top-k cut the model's own distribution (before the temperature),
+    in that order, and ``temp == 0`` is greedy. Arguments are checked: ``temp >= 0``,
+    ``0 < top_p <= 1`` (1, the default, is off; ``make_sampler`` also reads 0 as off, which is refused
+    here as a likely mistake), ``0 <= min_p <= 1``, ``min_tokens_to_keep >= 1``, ``top_k >= 0`` (0: off).
     """
 
     temp: float = 0.0
     top_p: float = 1.0
+    min_p: float = 0.0
+    min_tokens_to_keep: int = 1
     top_k: int = 0
 
     def __post_init__(self):
-        if self.temp < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
-            raise ValueError(f"need temp >= 0, 0 < top_p <= 1, top_k >= 0; got {self}")
+        check_sampling(self.temp, self.top_p, self.min_p, self.top_k, self.min_tokens_to_keep)
+        object.__setattr__(self, "_draw", make_sampler(self.temp, self.top_p, self.min_p, self.min_tokens_to_keep,
+                                                       top_k=self.top_k))
 
     def probs(self, logprobs: mx.array) -> mx.array:
-        """The distribution sampled from: softmax(logprobs / temp) cut to top-k and top-p."""
+        """The distribution ``make_sampler`` draws from: softmax(cut(logprobs) / temp)."""
         if self.temp == 0:
             return (mx.arange(logprobs.shape[-1]) == greedy(logprobs)[..., None]).astype(mx.float32)
-        logits = logprobs.astype(mx.float32) / self.temp
-        if self.top_k and self.top_k < logits.shape[-1]:
-            kth = mx.sort(logits, axis=-1)[..., -self.top_k, None]
-            logits = mx.where(logits >= kth, logits, -mx.inf)
-        p = mx.softmax(logits, axis=-1)
-        if self.top_p < 1.0:
-            order = mx.argsort(-p, axis=-1)
-            sorted_p = mx.take_along_axis(p, order, axis=-1)
-            # keep the smallest prefix whose mass reaches top_p (its last token included)
-            keep_sorted = (mx.cumsum(sorted_p, axis=-1) - sorted_p) < self.top_p
-            keep = mx.put_along_axis(mx.zeros_like(keep_sorted), order, keep_sorted, axis=-1)
-            p = mx.where(keep, p, 0.0)
-            p = p / p.sum(axis=-1, keepdims=True)
-        return p
+        if 0 < self.top_p < 1:
+            logprobs = apply_top_p(logprobs, self.top_p)
+        if self.min_p != 0:
+            logprobs = apply_min_p(logprobs, self.min_p, self.min_tokens_to_keep)
+        if self.top_k > 0:
+            logprobs = apply_top_k(logprobs, self.top_k)
+        return mx.softmax(logprobs.astype(mx.float32) / self.temp, axis=-1)
 
     def __call__(self, logprobs: mx.array) -> mx.array:
-        if self.temp == 0:
-            return greedy(logprobs)
-        return mx.random.categorical(mx.log(self.probs(logprobs)), axis=-1)
+        return self._draw(logprobs)
 
 
 def accept_or_resample(p: mx.array, d: int) -> tuple[int, bool]:

@@ -4,18 +4,28 @@
 cache has ``keep(m)`` (:mod:`reference.models`); ``drafter`` anything with ``reset(prompt)``,
 ``extend(tokens)`` and ``draft(n) -> list[int]`` (:class:`reference.drafter.NgramDrafter`).
 
-One speculative step, with ``last`` the newest token (emitted, not yet fed to the model)::
+The prompt but its last token is run first (one prefill forward; none for a one-token prompt), then
+every step runs ``[last, d_1..d_k]`` with ``last`` the newest token (the prompt's last token at the first
+step; emitted, not yet fed to the model), like llama.cpp's lookup (lookup.cpp decodes ``inp[0..n-2]``,
+then ``inp[n-1]``) and mlx-lm's ``generate_step``::
 
-    d_1..d_k  = drafter.draft(min(draft_max, tokens still wanted))       k may be 0
+    k         = 0 at the first step (the prompt's token, as llama.cpp's lookup), else
+                min(draft_max, max_tokens - emitted - 1)                 drafts and the model's own token fit
+    d_1..d_k  = drafter.draft(k), cut before any id outside the vocabulary     k may be 0
     logits    = model.forward([last, d_1..d_k])                          one forward, S = k + 1
     p_i       = argmax logits[i]                 p_i is greedy's token after [.., last, d_1..d_i]
     n         = largest n with d_1..d_n == p_0..p_{n-1}                  accepted drafts
-    emit        d_1..d_n, then the bonus token p_n                       n + 1 tokens
+    step        d_1..d_n, then the model's own token p_n                 n + 1 tokens
     cache.keep(1 + n)                            the state after last, d_1..d_n; p_n becomes last
 
-Every emitted token is the greedy token for its prefix, so the output equals :func:`greedy_generate`
-token for token (exactly, for the NumPy reference, whose forward is batch-invariant). Emission stops
-at an EOS token or at ``max_tokens``, also in the middle of an accepted run.
+A step is counted and learned whole (``n_drafted += k``, ``n_accept += n``, ``drafter.extend(step)``),
+as llama.cpp's lookup does even past an EOS inside an accepted run; emission stops at the first EOS
+token, and ``max_tokens`` never cuts a step (k leaves room for it; llama.cpp drafts ``n_draft`` to the
+end and overshoots ``-n``). Every emitted token is the greedy
+token for its prefix, so the output equals :func:`greedy_generate` token for token (exactly, for the
+NumPy reference, whose forward is batch-invariant). The MLX backend
+(:func:`mlx_backend.generate.ngram_speculative_generate_step`) follows the same rule, so both give the
+same tokens and the same counts (``tests/test_generate_parity.py``).
 """
 from __future__ import annotations
 
@@ -29,9 +39,10 @@ import numpy as np
 class SpecStats:
     """Counts of one generation.
 
-    ``n_forward``: model forward passes, the prompt's included; ``steps``: decode steps after the prompt
-    (``n_forward - 1``); ``n_drafted``: draft tokens sent to verification; ``n_accept``: drafted tokens
-    accepted and emitted; ``tokens_per_forward``: generated tokens / ``n_forward`` (plain greedy: 1.0).
+    ``steps``: forward passes that emit tokens (the first token's included); ``n_forward``: all forward
+    passes, the prompt's prefill included; ``n_drafted``: draft tokens sent to verification;
+    ``n_accept``: drafted tokens the verification accepted; ``tokens_per_forward``: generated tokens /
+    ``steps`` (plain greedy: 1.0).
     """
 
     steps: int = 0
@@ -55,6 +66,23 @@ def _check(prompt: Sequence[int], max_tokens: int) -> list[int]:
     return prompt
 
 
+def _prefill(model, prompt: list[int], cache) -> int:
+    """Run every prompt token but the last (the first step's input); returns the forwards run (0 or 1)."""
+    if len(prompt) == 1:
+        return 0
+    model.forward(prompt[:-1], cache)
+    return 1
+
+
+def in_vocab(drafts: list[int], vocab_size: int | None) -> list[int]:
+    """``drafts`` up to the first id outside ``0..vocab_size - 1``: the model never emits such an id,
+    so no draft from there on can be accepted (a cache from another vocabulary drafts them)."""
+    for i, t in enumerate(drafts):
+        if t < 0 or (vocab_size is not None and t >= vocab_size):
+            return drafts[:i]
+    return drafts
+
+
 OnTokens = Callable[[list[int]], None]
 
 
@@ -66,15 +94,14 @@ def greedy_generate(model, prompt: Sequence[int], max_tokens: int, eos: Iterable
     """
     prompt, eos = _check(prompt, max_tokens), set(eos)
     cache = model.make_cache()
-    token = int(np.argmax(model.forward(prompt, cache)[-1]))
-    tokens = [token]
-    while True:
+    _prefill(model, prompt, cache)
+    tokens, last = [], prompt[-1]
+    while not tokens or (tokens[-1] not in eos and len(tokens) < max_tokens):
+        last = int(np.argmax(model.forward([last], cache)[-1]))
+        tokens.append(last)
         if on_tokens:
-            on_tokens([token])
-        if token in eos or len(tokens) >= max_tokens:
-            return tokens
-        token = int(np.argmax(model.forward([token], cache)[-1]))
-        tokens.append(token)
+            on_tokens([last])
+    return tokens
 
 
 def speculative_generate(model, prompt: Sequence[int], max_tokens: int, drafter, draft_max: int,
@@ -89,40 +116,27 @@ def speculative_generate(model, prompt: Sequence[int], max_tokens: int, drafter,
     stats = SpecStats()
     cache = model.make_cache()
     drafter.reset(prompt)
-
-    last = int(np.argmax(model.forward(prompt, cache)[-1]))
-    stats.n_forward = 1
-    tokens = [last]
-    drafter.extend([last])
-    if on_tokens:
-        on_tokens([last])
-    done = last in eos or len(tokens) >= max_tokens
-    while not done:
-        n_draft = min(draft_max, max_tokens - len(tokens))  # no drafts beyond the tokens still wanted
-        drafts = [int(t) for t in drafter.draft(n_draft)][:n_draft] if n_draft else []  # draft_max 0: plain
-        logits = model.forward([last, *drafts], cache)
-        stats.n_forward += 1
-        stats.n_drafted += len(drafts)
-        predicted = [int(t) for t in np.argmax(logits, axis=-1)]
+    stats.n_forward = _prefill(model, prompt, cache)
+    tokens, last = [], prompt[-1]
+    while not tokens or (tokens[-1] not in eos and len(tokens) < max_tokens):
+        k = min(draft_max, max_tokens - len(tokens) - 1) if tokens else 0
+        drafts = in_vocab([int(t) for t in drafter.draft(k)][:k], getattr(model, "vocab_size", None)) if k else []
+        predicted = [int(t) for t in np.argmax(model.forward([last, *drafts], cache), axis=-1)]
         n = 0
         while n < len(drafts) and drafts[n] == predicted[n]:
             n += 1
         cache.keep(1 + n)
-
-        emitted = []
-        for i, token in enumerate([*drafts[:n], predicted[n]]):
-            emitted.append(token)
-            if i < n:
-                stats.n_accept += 1
-            if token in eos or len(tokens) + len(emitted) >= max_tokens:
-                done = True
-                break
+        step = [*drafts[:n], predicted[n]]
+        stats.steps += 1
+        stats.n_drafted += len(drafts)
+        stats.n_accept += n
+        drafter.extend(step)
+        emitted = step[:next((i + 1 for i, t in enumerate(step) if t in eos), len(step))]
         tokens.extend(emitted)
-        drafter.extend(emitted)
         if on_tokens:
             on_tokens(emitted)
-        last = emitted[-1]
+        last = step[-1]
 
-    stats.steps = stats.n_forward - 1
-    stats.tokens_per_forward = len(tokens) / stats.n_forward
+    stats.n_forward += stats.steps
+    stats.tokens_per_forward = len(tokens) / stats.steps
     return tokens, stats

@@ -15,7 +15,7 @@ from hypothesis import given, settings, strategies as st
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
-from mlx_backend.generate import SpecStats, ngram_speculative_generate_step
+from mlx_backend.generate import SpecStats, ngram_speculative_generate_step, vocab_size
 from mlx_backend.rollback import GDN_PATHS
 from mlx_backend.tiny_mlx import ARCHITECTURES, tiny_model
 
@@ -140,7 +140,9 @@ def test_accepted_runs_save_forwards(arch):
         mx.array(prompt), model, max_tokens=30, draft_max=4,
         drafter=ScriptedDrafter(plain, [(4, None)]), stats=stats)]
     assert assert_greedy_equal(plain, plain_lp, spec) is None
-    assert stats.steps == 6 and stats.n_accept == 24 and stats.tokens_per_forward == 5.0
+    # the first token's step drafts nothing (llama.cpp's rule), then 5 steps of 4 + 1, then 3 + 1 to reach 30
+    assert stats.steps == 7 and stats.n_accept == stats.n_drafted == 23
+    assert stats.tokens_per_forward == 30 / 7 and stats.draft_lengths == {0: 1, 4: 5, 3: 1}
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -181,6 +183,31 @@ def test_max_tokens_and_bad_arguments():
         next(ngram_speculative_generate_step(mx.array([], mx.uint32), model))
     with pytest.raises(ValueError, match="draft_max"):
         next(ngram_speculative_generate_step(mx.array([1]), model, draft_max=-1))
+
+
+@pytest.mark.parametrize("bad", [VOCAB, 10**8, -1])
+def test_prompt_ids_outside_the_vocabulary_are_refused(bad):
+    """An id >= the embedding's rows reads past it (garbage; a segfault for 1e8): a ValueError naming it."""
+    model = model_of("qwen3_5")
+    assert vocab_size(model) == VOCAB
+    with pytest.raises(ValueError, match=f"token id {bad} .*vocabulary of {VOCAB} tokens"):
+        next(ngram_speculative_generate_step(mx.array([1, bad, 2]), model, draft_max=2))
+
+
+def test_drafts_outside_the_vocabulary_are_cut():
+    """A drafter of another vocabulary: drafts are cut before the first bad id (never run)."""
+    model = model_of("llama")
+    plain, plain_lp = plain_greedy(model, [1, 2], 10)
+
+    class Foreign(ScriptedDrafter):
+        def draft(self, n):
+            return (list(super().draft(n))[:2] + [10**8, 3])[:n]
+
+    stats = SpecStats()
+    spec = [t for t, _, _ in ngram_speculative_generate_step(mx.array([1, 2]), model, max_tokens=10, draft_max=4,
+                                                             drafter=Foreign(plain, [(4, None)]), stats=stats)]
+    assert assert_greedy_equal(plain, plain_lp, spec) is None
+    assert stats.n_drafted == stats.n_accept > 0
 
 
 @pytest.mark.parametrize("arch", ["qwen3_5", "llama"])

@@ -31,12 +31,13 @@ def responses(gen):
 @pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_next", "llama"])
 def test_stream_generate_matches_mlx_lm_with_eos_inside_accepted_run(arch, tmp_root):
     model, tokenizer = loaded(arch, tmp_root)
-    prompt = "abcabcabc"
+    prompt = "xyzzy xyzzy" if arch == "llama" else "abcabcabc"   # llama repeats one token after abcabcabc
     plain = [r.token for r in mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=20,
                                                      sampler=argmax_sampler)]
-    # make the 6th plain token an EOS token: the run must stop there, inside an accepted draft run
-    eos = plain[5]
-    stop_at = plain.index(eos)
+    # make a plain token that first occurs after the first two an EOS token: the run must stop there,
+    # inside an accepted draft run (the first token's step drafts nothing)
+    stop_at = next(i for i in range(2, len(plain) - 1) if plain[i] not in plain[:i])
+    eos = plain[stop_at]
     tokenizer.eos_token_ids = {eos}
     try:
         ref = responses(mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=20,
@@ -66,3 +67,10 @@ def test_stream_generate_types_and_length(tmp_root):
     assert out[-1].logprobs.shape == (model.args.text_config["vocab_size"],)
     with pytest.raises(ValueError, match="non-zero"):
         next(stream_generate(model, tokenizer, "x", max_tokens=0))
+
+
+@pytest.mark.parametrize("bad", [260, 10**8, -5])
+def test_stream_generate_refuses_prompt_ids_outside_the_vocabulary(bad, tmp_root):
+    model, tokenizer = loaded("llama", tmp_root)   # 260 tokens: 256 bytes and 4 specials
+    with pytest.raises(ValueError, match=f"token id {bad} \\(position 1\\) is outside .* 260 tokens"):
+        next(stream_generate(model, tokenizer, [104, bad, 105], max_tokens=3, draft_max=2))

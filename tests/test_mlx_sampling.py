@@ -57,17 +57,59 @@ def test_sampler_probs_top_k_top_p():
     assert np.allclose(np.array(Sampler(temp=1.0, top_k=2).probs(lp)[0]), [0, 0.5 / 0.75, 0, 0.25 / 0.75])
     assert np.allclose(np.array(Sampler(temp=1.0, top_p=0.7).probs(lp)[0]), [0, 0.5 / 0.75, 0, 0.25 / 0.75])
     assert np.array(Sampler(temp=0.0).probs(lp)[0]).tolist() == [0, 1, 0, 0]
-    with pytest.raises(ValueError):
-        Sampler(temp=-1.0)
+    # mlx-lm cuts top-p on the model's distribution, before the temperature: at temp 2 the flattened
+    # distribution would need 3 tokens to reach 0.7, the model's own needs 2 (0.5 + 0.25)
+    hot = np.array(Sampler(temp=2.0, top_p=0.7).probs(lp)[0])
+    assert np.allclose(hot, np.array([0, 0.5 ** 0.5, 0, 0.25 ** 0.5]) / (0.5 ** 0.5 + 0.25 ** 0.5))
 
 
-def exact_pair_law(model, prompt, temp):
-    """P(t1, t2) of plain sampling at ``temp``, computed from the model's logits (V x V)."""
+LOGPROBS = mx.log(mx.array([0.3, 0.02, 0.18, 0.12, 0.2, 0.05, 0.08, 0.05]))
+
+
+def temperature_then_top_p(temp, top_p):
+    """The law the old Sampler had (temperature first, then top-p): a wrong law, for the controls."""
+    p = np.exp(np.array(LOGPROBS) / temp)
+    p /= p.sum()
+    order = np.argsort(-p)
+    keep = (np.cumsum(p[order]) - p[order]) < top_p
+    q = np.zeros_like(p)
+    q[order[keep]] = p[order[keep]]
+    return q / q.sum()
+
+
+@pytest.mark.parametrize("kwargs", [dict(temp=0.7), dict(temp=2.0, top_p=0.7), dict(temp=1.5, min_p=0.3),
+                                    dict(temp=1.0, top_k=3), dict(temp=3.0, top_p=0.9, min_p=0.2, top_k=4)])
+def test_sampler_draws_like_make_sampler_with_the_same_arguments(kwargs):
+    """Outside truth: mlx-lm's make_sampler. Its draws, and the Sampler's, fit Sampler.probs."""
+    n = 20000
+    law = np.array(Sampler(**kwargs).probs(LOGPROBS[None])[0], dtype=np.float64)
+    mx.random.seed(3)
+    theirs = np.array(make_sampler(**kwargs)(mx.broadcast_to(LOGPROBS, (n, 8))))
+    ours = np.array(Sampler(**kwargs)(mx.broadcast_to(LOGPROBS, (n, 8))))
+    for draws in (theirs, ours):
+        assert chi2_pvalue(np.bincount(draws, minlength=8), law) > ALPHA
+    if "top_p" in kwargs and len(kwargs) == 2:   # control: the old order is told apart by the same test
+        assert chi2_pvalue(np.bincount(theirs, minlength=8), temperature_then_top_p(**kwargs)) < ALPHA
+
+
+@pytest.mark.parametrize("kwargs, message", [(dict(temp=-1.0), "temp must be"), (dict(temp=float("nan")), "temp"),
+                                             (dict(temp=1.0, top_p=0.0), "top_p must be in"),
+                                             (dict(temp=1.0, top_p=2.0), "top_p"), (dict(min_p=1.5), "min_p"),
+                                             (dict(top_k=-1), "top_k"), (dict(min_tokens_to_keep=0), "min_tokens")])
+def test_sampler_refuses_meaningless_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Sampler(**kwargs)
+
+
+def exact_pair_law(model, prompt, sampler):
+    """P(t1, t2) of plain sampling with ``sampler``'s law, computed from the model's logits (V x V)."""
     V = model(mx.array([prompt]))[0].shape[-1]
-    p1 = mx.softmax(model(mx.array([prompt]))[0, -1] / temp)
+    logits = model(mx.array([prompt]))[0, -1:]
+    p1 = sampler.probs(logits - mx.logsumexp(logits, axis=-1, keepdims=True))[0]
     batch = mx.array([prompt + [t] for t in range(V)])
-    p2 = mx.softmax(model(batch)[:, -1] / temp, axis=-1)
-    return np.array(p1[:, None] * p2).reshape(-1)
+    logits = model(batch)[:, -1]
+    p2 = sampler.probs(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+    return np.array(p1[:, None] * p2, dtype=np.float64).reshape(-1)
 
 
 class FixedDrafter:
@@ -89,12 +131,13 @@ class FixedDrafter:
 def test_speculative_sampling_matches_plain_law(sampler_kind):
     """First two sampled tokens of a tiny qwen3_5 with 2 drafts verified in one forward."""
     model = tiny_model("qwen3_5", vocab_size=16, seed=4, logit_scale=1.5)
-    prompt, temp, n = [3, 1, 4, 1, 5], 1.0, 700
-    law = exact_pair_law(model, prompt, temp)
+    prompt, n = [3, 1, 4, 1, 5], 700
+    args = dict(temp=1.0, top_p=0.95, min_p=0.02)   # make_sampler's law, cuts included
+    law = exact_pair_law(model, prompt, Sampler(**args))
     p1 = law.reshape(16, 16).sum(1)
     d1 = int(np.argsort(p1)[-2])                       # the 2nd most likely first token
     d2 = int(np.argmax(law.reshape(16, 16)[d1]))
-    sampler = Sampler(temp=temp) if sampler_kind == "explicit" else make_sampler(temp=temp)
+    sampler = Sampler(**args) if sampler_kind == "explicit" else make_sampler(**args)
     mx.random.seed(7)
     pairs = []
     for _ in range(n):

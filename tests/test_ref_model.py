@@ -268,3 +268,20 @@ def test_forward_rejects_bad_tokens():
         model.forward([1, 260], model.make_cache())
     with pytest.raises(ValueError, match="non-empty"):
         model.forward([], model.make_cache())
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("key, value", [("hidden_size", 32), ("vocab_size", 300), ("intermediate_size", 80),
+                                        ("num_key_value_heads", 4), ("num_hidden_layers", 1)])
+def test_a_config_that_does_not_match_the_weights_is_refused(arch, key, value, tmp_path):
+    """mlx-lm refuses these; the reference used to run them silently (sizes read from the tensors, layers
+    beyond num_hidden_layers ignored). The error names a tensor and the config key."""
+    if arch == "qwen3_next" and key == "intermediate_size":
+        pytest.skip("qwen3_next's MLPs are mixture-of-experts ones: it has no intermediate_size tensor")
+    src = tiny_dir(arch, 0)
+    config = json.loads((src / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, key: value}))
+    (tmp_path / "model.safetensors").symlink_to(src / "model.safetensors")
+    with pytest.raises(ValueError, match=f"config.json does not match the weights: tensors? (of layer )?"
+                                         f"[a-z_.0-9]+ .*config.json's {key}"):
+        load_model(tmp_path)

@@ -45,4 +45,4 @@ def test_hybrid_state_page_commands_run(tmp_path):
         assert proc.returncode == 0, proc.stderr
         outputs.append(proc.stdout)
     spec, plain = (json.loads(out) for out in outputs[1:])
-    assert spec["tokens"] == plain["tokens"] and plain["n_forward"] == len(plain["tokens"])
+    assert spec["tokens"] == plain["tokens"] and plain["steps"] == len(plain["tokens"])

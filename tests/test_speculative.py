@@ -59,13 +59,16 @@ def recomputed_greedy(model, prompt, n):
     return out
 
 
-def check_stats(tokens, stats: SpecStats, stopped_early: bool):
-    assert stats.steps == stats.n_forward - 1
+def check_stats(prompt, tokens, stats: SpecStats, eos=()):
+    assert stats.n_forward == stats.steps + (len(prompt) > 1)  # one prefill forward, then the steps
     assert 0 <= stats.n_accept <= stats.n_drafted
-    # every forward emits one token of its own (prefill: the first, a step: the bonus) plus accepted drafts,
-    # except that a stop in the middle of an accepted run drops that step's bonus
-    assert len(tokens) == stats.n_accept + stats.n_forward - (1 if stopped_early else 0)
-    assert stats.tokens_per_forward == pytest.approx(len(tokens) / stats.n_forward)
+    # every step yields its accepted drafts and one token of the model's own, all counted; only an EOS
+    # inside the last step's accepted run leaves tokens unemitted (max_tokens never cuts a step)
+    if tokens[-1] in set(eos):
+        assert len(tokens) <= stats.n_accept + stats.steps
+    else:
+        assert len(tokens) == stats.n_accept + stats.steps
+    assert stats.tokens_per_forward == pytest.approx(len(tokens) / stats.steps)
 
 
 prompts = st.one_of(
@@ -93,7 +96,7 @@ def test_speculative_equals_greedy_under_forced_drafts(arch, seed, prompt, draft
     greedy = greedy_generate(model, prompt, max_tokens)
     tokens, stats = speculative_generate(model, prompt, max_tokens, ForcedDrafter(greedy, schedule), draft_max)
     assert tokens == greedy
-    check_stats(tokens, stats, stopped_early=len(tokens) < stats.n_accept + stats.n_forward)
+    check_stats(prompt, tokens, stats)
 
 
 @SETTINGS
@@ -104,7 +107,7 @@ def test_speculative_equals_greedy_with_the_ngram_drafter(arch, prompt, draft_ma
     model = tiny(arch, 1)
     tokens, stats = speculative_generate(model, prompt, max_tokens, NgramDrafter(), draft_max)
     assert tokens == greedy_generate(model, prompt, max_tokens)
-    check_stats(tokens, stats, stopped_early=len(tokens) < stats.n_accept + stats.n_forward)
+    check_stats(prompt, tokens, stats)
 
 
 
@@ -116,7 +119,7 @@ def test_draft_max_0_is_plain_decoding_with_the_ngram_drafter():
     prompt = [5, 6, 5, 6, 5, 6]
     tokens, stats = speculative_generate(model, prompt, 8, NgramDrafter(), 0)
     assert tokens == greedy_generate(model, prompt, 8)
-    assert stats.n_drafted == 0 and stats.n_forward == len(tokens)
+    assert stats.n_drafted == 0 and stats.steps == len(tokens) == stats.n_forward - 1
 
 def test_ngram_drafts_get_accepted_on_a_model_that_repeats():
     from reference.drafter import NgramDrafter
@@ -137,9 +140,9 @@ def test_all_drafts_right_emits_k_plus_one_tokens_per_step(arch, k):
     greedy = greedy_generate(model, prompt, n)
     tokens, stats = speculative_generate(model, prompt, n, ForcedDrafter(greedy, [(99, 0)]), k)
     assert tokens == greedy
-    assert stats.n_forward == 1 + math.ceil((n - 1) / (k + 1))
-    cut = (n - 1) % (k + 1) != 0  # the last step's accepted run reaches max_tokens before its bonus
-    assert stats.n_accept == stats.n_drafted == n - stats.n_forward + cut
+    # the first step (the prompt's last token) drafts nothing; the last drafts only what fits in n
+    assert stats.steps == 1 + math.ceil((n - 1) / (k + 1))
+    assert stats.n_accept == stats.n_drafted == n - stats.steps
 
 
 def test_on_tokens_reports_every_token_once_in_order():
@@ -160,7 +163,7 @@ def test_all_drafts_wrong_costs_one_forward_per_token(arch):
     greedy = greedy_generate(model, prompt, n)
     tokens, stats = speculative_generate(model, prompt, n, ForcedDrafter(greedy, [(0, 4)]), 4)
     assert tokens == greedy
-    assert stats.n_forward == n and stats.n_accept == 0 and stats.n_drafted > 0
+    assert stats.steps == n and stats.n_accept == 0 and stats.n_drafted > 0
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -171,9 +174,27 @@ def test_eos_inside_an_accepted_run_stops_there(arch):
     j = next(i for i in range(3, 30) if greedy[i] not in greedy[:i])  # first occurrence, inside a long draft
     eos = {greedy[j]}
     assert greedy_generate(model, prompt, 30, eos=eos) == greedy[:j + 1]
-    tokens, stats = speculative_generate(model, prompt, 30, ForcedDrafter(greedy, [(99, 0)]), 8, eos=eos)
+    drafter = ForcedDrafter(greedy, [(99, 0)])
+    tokens, stats = speculative_generate(model, prompt, 30, drafter, 8, eos=eos)
     assert tokens == greedy[:j + 1]
-    check_stats(tokens, stats, stopped_early=len(tokens) < stats.n_accept + stats.n_forward)
+    check_stats(prompt, tokens, stats, eos)
+    # the drafter learned the whole last step (1 token, then 9 per step), past the EOS as llama.cpp does
+    learned = len(drafter.tokens) - len(prompt)
+    assert learned >= len(tokens) and (learned - 1) % 9 == 0
+
+
+def test_drafts_outside_the_vocabulary_are_cut_not_run():
+    """A drafter with ids of another vocabulary (a foreign static cache): the step verifies only the drafts
+    before the first bad id, whose followers could never be accepted; the reference model refuses bad ids."""
+    model = tiny("llama", 0)
+    greedy = greedy_generate(model, [1, 2], 9)
+
+    class Foreign(ForcedDrafter):
+        def draft(self, n_draft):
+            return (super().draft(n_draft)[:2] + [VOCAB_SIZE + 5, 3])[:n_draft]
+
+    tokens, stats = speculative_generate(model, [1, 2], 9, Foreign(greedy, [(99, 0)]), 4)
+    assert tokens == greedy and stats.n_drafted == stats.n_accept > 0
 
 
 def test_max_tokens_inside_an_accepted_run_stops_there():
@@ -182,14 +203,15 @@ def test_max_tokens_inside_an_accepted_run_stops_there():
     drafter = ForcedDrafter(greedy_generate(model, [1, 2, 3], 30), [(99, 0)])
     tokens, stats = speculative_generate(model, [1, 2, 3], 5, drafter, 8)
     assert tokens == greedy and len(tokens) == 5
-    assert stats.n_forward == 2 and stats.n_drafted == 4  # drafts capped at the 4 tokens still wanted
+    # the first step drafts nothing, the second 3: with the model's own token they fill the 4 still wanted
+    assert stats.steps == 2 and stats.n_drafted == stats.n_accept == 3
 
 
 def test_eos_as_the_first_token_and_bad_arguments():
     model = tiny("llama", 0)
     first = greedy_generate(model, [7, 8], 1)
     tokens, stats = speculative_generate(model, [7, 8], 10, ForcedDrafter(first, [(1, 1)]), 4, eos=first)
-    assert tokens == first and stats.n_forward == 1 and stats.steps == 0
+    assert tokens == first and stats.steps == 1 and stats.n_forward == 2 and stats.n_drafted == 0
     with pytest.raises(ValueError, match="prompt is empty"):
         greedy_generate(model, [], 5)
     with pytest.raises(ValueError, match="max_tokens must be at least 1"):

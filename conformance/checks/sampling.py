@@ -18,7 +18,8 @@ P_FAIL = 1e-4  # a correct backend fails a test with this probability (the seeds
 
 
 class FixedDrafter:
-    """Offers the same drafts at the first step, nothing afterwards."""
+    """Offers the same drafts at its first call, nothing afterwards. The first call comes after the first
+    token: no drafts are asked for the prompt's own step (llama.cpp's lookup, reference/speculative.py)."""
 
     def __init__(self, drafts):
         self.drafts, self.calls = list(drafts), 0
@@ -62,30 +63,42 @@ def pick_temperature(impl, model, prompt) -> float:
 
 @check("sampling", needs=SAMPLING)
 def drafts_do_not_change_the_distribution(impl):
-    """At temperature > 0, the first token with a draft offered, and the token after an accepted draft, follow p."""
+    """At temperature > 0, the first token with a draft offered, and the token after an accepted draft, follow p.
+
+    The first token is plain (never drafted for); after it, drafts [d2, d3] are offered: when the first
+    token is greedy's d1, the second must follow p2 = p(. | prompt, d1) and, after an accepted d2, the
+    third p3. The temperature puts p2's top token at 0.2..0.8, so acceptance and rejection both occur."""
     arch, prompt = "qwen3_5", [72, 101, 108, 108, 111]
     model = models.load(impl, arch, 0)
-    T = pick_temperature(impl, model, prompt)
-    p1 = probs(impl, model, prompt, T)
-    d1 = int(np.argmax(p1))
-    p2 = probs(impl, model, prompt + [d1], T)
+    d1 = int(np.argmax(probs(impl, model, prompt, 1.0)))   # the argmax does not depend on the temperature
+    T = pick_temperature(impl, model, prompt + [d1])
+    p1, p2 = probs(impl, model, prompt, T), probs(impl, model, prompt + [d1], T)
     d2 = int(np.argmax(p2))
-    second1 = int(np.argsort(p1)[-2])
-    for label, drafter_of in (("plain sampling", lambda: None), ("drafts [d1, d2]", lambda: FixedDrafter([d1, d2]))):
-        firsts, seconds = Counter(), Counter()
+    p3 = probs(impl, model, prompt + [d1, d2], T)
+    d3, second2 = int(np.argmax(p3)), int(np.argsort(p2)[-2])
+    for label, drafter_of in (("plain sampling", lambda: None), ("drafts [d2, d3]", lambda: FixedDrafter([d2, d3]))):
+        firsts, seconds, thirds = Counter(), Counter(), Counter()
         for seed in range(N_SAMPLES):
-            out = [int(t) for t in impl.sample_step(model, prompt, 3, temperature=T, seed=seed,
+            out = [int(t) for t in impl.sample_step(model, prompt, 4, temperature=T, seed=seed,
                                                     drafter=drafter_of(), draft_max=2)]
             firsts[out[0]] += 1
             if out[0] == d1 and len(out) > 1:
                 seconds[out[1]] += 1
-        pv, table = chi_square_p_value(firsts, p1, [[d1], [second1]])
+                if out[1] == d2 and len(out) > 2:
+                    thirds[out[2]] += 1
+        pv, table = chi_square_p_value(firsts, p1, [[d1]])
         assert pv >= P_FAIL, (
             f"{label} on tiny {arch}, prompt {prompt}, temperature {T}: the first token's counts "
-            f"(observed, expected) for [d1={d1}, second={second1}, others] are {table} over {N_SAMPLES} "
-            f"seeds 0..{N_SAMPLES - 1}; chi-square p = {pv:.2g} < {P_FAIL}")
-        if sum(seconds.values()) >= 30:
-            pv, table = chi_square_p_value(seconds, p2, [[d2]])
+            f"(observed, expected) for [d1={d1}, others] are {table} over {N_SAMPLES} seeds 0..{N_SAMPLES - 1}; "
+            f"chi-square p = {pv:.2g} < {P_FAIL}")
+        assert sum(seconds.values()) >= 30, f"too few first tokens d1={d1} ({sum(seconds.values())}) to test"
+        pv, table = chi_square_p_value(seconds, p2, [[d2], [second2]])
+        assert pv >= P_FAIL, (
+            f"{label} on tiny {arch}, prompt {prompt}, temperature {T}: after d1={d1}, the second token's "
+            f"counts (observed, expected) for [d2={d2}, second={second2}, others] are {table}; "
+            f"chi-square p = {pv:.2g} < {P_FAIL}")
+        if sum(thirds.values()) >= 30:
+            pv, table = chi_square_p_value(thirds, p3, [[d3]])
             assert pv >= P_FAIL, (
-                f"{label} on tiny {arch}, prompt {prompt}, temperature {T}: after d1={d1}, the second "
-                f"token's counts (observed, expected) for [d2={d2}, others] are {table}; chi-square p = {pv:.2g}")
+                f"{label} on tiny {arch}, prompt {prompt}, temperature {T}: after d1={d1}, d2={d2}, the third "
+                f"token's counts (observed, expected) for [d3={d3}, others] are {table}; chi-square p = {pv:.2g}")

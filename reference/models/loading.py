@@ -87,5 +87,53 @@ def load_model(model_dir: str | os.PathLike, dtype=np.float32) -> Model:
     arch = ARCHITECTURES[model_type]
     if hasattr(arch, "sanitize"):
         arrays = arch.sanitize(arrays, config)
+    check_shapes(arrays, config.get("text_config", config), config_path)
     arrays = {k: np.ascontiguousarray(v, dtype=dtype) for k, v in arrays.items()}
     return arch.build(config, Weights(arrays, str(model_dir)), dtype)
+
+
+# (name suffix, axis, config key): that axis of every tensor so named has the config's size.
+_SHAPE_RULES = (
+    ("embed_tokens.weight", 0, "vocab_size"), ("lm_head.weight", 0, "vocab_size"),
+    ("embed_tokens.weight", 1, "hidden_size"), ("lm_head.weight", 1, "hidden_size"),
+    ("layernorm.weight", 0, "hidden_size"), ("model.norm.weight", 0, "hidden_size"),
+    ("_proj.weight", -1, "hidden_size"), ("in_proj_qkv.weight", -1, "hidden_size"),
+    ("in_proj_qkvz.weight", -1, "hidden_size"), ("in_proj_ba.weight", -1, "hidden_size"),
+    ("in_proj_z.weight", -1, "hidden_size"), ("in_proj_a.weight", -1, "hidden_size"),
+    ("in_proj_b.weight", -1, "hidden_size"), ("mlp.gate.weight", -1, "hidden_size"),
+)
+_OUTPUT_PROJECTIONS = ("o_proj.weight", "down_proj.weight", "out_proj.weight")  # hidden_size is their axis -2
+
+
+def check_shapes(arrays: dict[str, np.ndarray], config: dict, config_path: Path) -> None:
+    """Refuse weights that do not match config.json (mlx-lm refuses them when it loads): the vocabulary,
+    hidden and dense MLP sizes, the key/value projections and the number of layers, naming the first
+    tensor that differs. The architectures read the other sizes from the tensors themselves."""
+    def refuse(name: str, shape, what: str):
+        raise ValueError(f"{config_path}: config.json does not match the weights: tensor {name} has shape "
+                         f"{tuple(shape)}, but {what}; use the config.json that came with these weights")
+
+    kv = (config.get("num_key_value_heads") or config.get("num_attention_heads") or 0) * (config.get("head_dim") or 0)
+    for name in sorted(arrays):
+        shape = arrays[name].shape
+        rules = [(axis, key) for suffix, axis, key in _SHAPE_RULES if name.endswith(suffix)]
+        if name.endswith(_OUTPUT_PROJECTIONS):
+            rules = [(-2 if len(shape) > 1 else 0, "hidden_size")]
+        elif name.endswith(("k_proj.weight", "v_proj.weight")) and kv:
+            rules.append((0, "num_key_value_heads x head_dim"))
+        if ".mlp.gate_proj." in name or ".mlp.up_proj." in name:
+            rules.append((0, "intermediate_size"))
+        if ".mlp.down_proj." in name:
+            rules.append((1, "intermediate_size"))
+        for axis, key in rules:
+            want = kv if key == "num_key_value_heads x head_dim" else config.get(key)
+            if want is not None and -len(shape) <= axis < len(shape) and shape[axis] != want:
+                refuse(name, shape, f"config.json's {key} is {want}")
+    n_layers = config.get("num_hidden_layers")
+    found = {int(k.split(".")[2]) for k in arrays if k.startswith("model.layers.")}
+    if n_layers is not None and found != set(range(n_layers)):
+        extra = sorted(found - set(range(n_layers)))
+        if extra:
+            raise ValueError(f"{config_path}: config.json does not match the weights: tensors of layer {extra[0]} "
+                             f"exist, but config.json's num_hidden_layers is {n_layers}; use the config.json "
+                             "that came with these weights")
