@@ -171,7 +171,7 @@ def verify_cache(cache: SortedCache, path: str | os.PathLike = "<memory>") -> No
 # ----------------------------------------------------------------------------- llama.cpp's format
 
 
-CHUNK_WORDS = 1 << 22  # the file is read in 16 MiB steps; pages read are released from the process
+CHUNK_WORDS = 1 << 20  # the file is read in 4 MiB steps; pages read are released from the process
 
 
 @njit(cache=True)
@@ -384,7 +384,7 @@ def read_llama(path: str | os.PathLike) -> SortedCache:
     arrays with the checks of :func:`reference.cache_file.load_cache`, reporting the same first
     problem at the same byte offset (the smallest offset among the first problem of each kind).
 
-    Two compiled passes over the mapped file in 16 MiB steps (pages are released behind them) and
+    Two compiled passes over the mapped file in 4 MiB steps (pages are released behind them) and
     one sort of the keys per n-gram size; no per-entry Python objects. Besides the result, memory
     holds per record the key word, follower count, size and first entry (arrays sized by the
     ``len // 28`` bound on the records are touched only as far as records exist)."""
