@@ -19,6 +19,7 @@ True
 from __future__ import annotations
 
 import lzma
+import mmap
 import os
 import struct
 import sys
@@ -29,7 +30,7 @@ import numpy as np
 from numba import njit
 
 from mlx_backend.ngram_tables import NGRAM_MAX, words_to_slots
-from mlx_backend.tables_sorted import INT32_MAX, Section, SortedCache, cache_from_rows, static_top
+from mlx_backend.tables_sorted import INT32_MAX, Section, SortedCache, static_top
 from reference.atomic import atomic_write
 from reference.cache_file import EMPTY_CACHE, EMPTY_FILE, CacheFileError
 # the layout's constants (docs/cache-format.md) are shared with the reference's plain reader
@@ -170,89 +171,291 @@ def verify_cache(cache: SortedCache, path: str | os.PathLike = "<memory>") -> No
 # ----------------------------------------------------------------------------- llama.cpp's format
 
 
+CHUNK_WORDS = 1 << 20  # the file is read in 4 MiB steps; pages read are released from the process
+
+
 @njit(cache=True)
-def _walk_records(words):
-    """Record starts of a llama.cpp cache file (in int32 words). Returns ``(starts, n_records, error,
-    error_word)`` with error 0 = ok, 1 = truncated header, 2 = ntokens <= 0, 3 = truncated followers."""
-    starts = np.empty(words.size // 7 + 1, np.int64)
-    o = 0
-    r = 0
-    while o < words.size:
-        if o + 5 > words.size:
-            return starts, r, 1, o
-        nt = words[o + 4]
-        if nt <= 0:
-            return starts, r, 2, o + 4
-        if o + 5 + 2 * np.int64(nt) > words.size:
-            return starts, r, 3, o + 5
-        starts[r] = o
+def _scan_llama(words, o, stop, r, w0, w1, size, nt):
+    """Walk the records of a llama.cpp cache file (int32 words) that start in ``[o, stop)``, checking
+    each as ``reference.cache_file.load_cache`` does (except repeats), and store record r's key words
+    (``w1`` for n >= 3 only; it is -1 otherwise), n-gram size and follower count. Returns ``(o, r,
+    error, error_word, bad_value)``: the next record's word and index; error 0 = ok, 1 = truncated
+    header, 2 = invalid n-gram, 3 = ntokens <= 0, 4 = truncated followers, 5 = negative follower token,
+    6 = non-positive count. For errors 4-6 record r-1 is the damaged one, stored with only the
+    followers before the bad one (the repeats that the reference checks before the error)."""
+    W = words.size
+    while o < stop:
+        if o + 5 > W:
+            return o, r, 1, o, 0
+        n = 4
+        for i in range(4):
+            if words[o + i] == -1:
+                n = i
+                break
+        ok = n > 0
+        for i in range(4):
+            if (i < n and words[o + i] < 0) or (i >= n and words[o + i] != -1):
+                ok = False
+        if not ok:
+            return o, r, 2, o, 0
+        f = np.int64(words[o + 4])
+        if f <= 0:
+            return o, r, 3, o + 4, f
+        w0[r] = (np.int64(words[o]) << 32) | (np.int64(words[o + 1]) & 0xFFFFFFFF)
+        if n > 2:
+            w1[r] = (np.int64(words[o + 2]) << 32) | (np.int64(words[o + 3]) & 0xFFFFFFFF)
+        size[r] = n
+        b = o + 5
         r += 1
-        o += 5 + 2 * np.int64(nt)
-    return starts, r, 0, 0
+        if b + 2 * f > W:
+            nt[r - 1] = 0
+            return o, r, 4, b, f
+        for k in range(f):
+            j = b + 2 * k
+            if words[j] < 0 or words[j + 1] <= 0:
+                nt[r - 1] = k
+                if words[j] < 0:
+                    return o, r, 5, j, np.int64(words[j])
+                return o, r, 6, j + 1, np.int64(words[j + 1])
+        nt[r - 1] = f
+        o = b + 2 * f
+    return o, r, 0, 0, 0
 
 
-def read_llama(path: str | os.PathLike) -> SortedCache:
-    """Read llama.cpp's format (``common_ngram_cache_load``, ngram-cache.cpp:222-258) into sorted
-    arrays, with the checks of :func:`reference.cache_file.load_cache` (byte offsets in errors)."""
-    path = Path(path)
+def _sort_keys(a0: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(keys, order)``: the key words ``a0`` (n <= 2) sorted, and the index of each; equal keys keep
+    their order when there is room to pack ``(t0, t1, index)`` into one int64 (token ids below
+    ``2**21`` for 4 M records), whose plain sort is several times faster than an argsort."""
+    R = len(a0)
+    hi, lo = _max_halves(a0)
+    rb, hb, lb = max(1, (R - 1).bit_length()), hi.bit_length(), lo.bit_length()
+    if rb + hb + lb > 63:
+        order = np.argsort(a0, kind="stable")
+        return a0[order], order
+    packed = _pack_keys(a0, lb, rb)
+    packed.sort()
+    keys = _unpack_keys(packed, lb, rb)
+    return keys, packed
+
+
+@njit(cache=True)
+def _max_halves(a0):
+    """The largest high and low 32-bit halves of the key words (without temporaries)."""
+    hi = lo = 0
+    for x in a0:
+        hi, lo = max(hi, x >> 32), max(lo, x & 0xFFFFFFFF)
+    return hi, lo
+
+
+@njit(cache=True)
+def _pack_keys(a0, lb, rb):
+    out = np.empty(a0.size, np.int64)
+    for r in range(a0.size):
+        out[r] = (((a0[r] >> 32) << lb | (a0[r] & 0xFFFFFFFF)) << rb) | r
+    return out
+
+
+@njit(cache=True)
+def _unpack_keys(packed, lb, rb):
+    """Key words of sorted packed keys; ``packed`` is left holding the index of each."""
+    keys = np.empty(packed.size, np.int64)
+    for k in range(packed.size):
+        x = packed[k] >> rb
+        keys[k] = (x >> lb) << 32 | (x & ((np.int64(1) << lb) - 1))
+        packed[k] &= (np.int64(1) << rb) - 1
+    return keys
+
+
+@njit(cache=True)
+def _layout(order, rec, nt, offsets, dst):
+    """Follower offsets of the sorted keys (``order``: record of each, through ``rec`` unless empty)
+    and each record's first entry ``dst``."""
+    off = 0
+    for k in range(order.size):
+        r = order[k] if rec.size == 0 else rec[order[k]]
+        offsets[k] = off
+        dst[r] = off
+        off += nt[r]
+    offsets[order.size] = off
+
+
+SMALL = 64  # followers sorted in the compiled loop; longer lists are sorted by NumPy's (SIMD) sort
+
+
+@njit(cache=True)
+def _place_followers(words, o, stop, r, R, nt, dst, size, base, tokens, counts, big, n_big):
+    """Copy the followers of records r.. (file order, starting in ``[o, stop)``, at most R) to
+    ``base[n] + dst[r]`` onward; lists of up to ``SMALL`` are sorted by token here (insertion sort),
+    longer ones are listed in ``big[n_big..]`` as ``(first entry, length, word)`` for :func:`_sort_big`.
+    Returns ``(o, r, n_big, word of the first repeated follower in a short list or -1)``."""
+    while o < stop and r < R:
+        f = nt[r]
+        b = o + 5
+        d = base[size[r]] + dst[r]
+        for k in range(f):
+            tokens[d + k] = words[b + 2 * k]
+            counts[d + k] = words[b + 2 * k + 1]
+        if f > SMALL:
+            big[n_big, 0], big[n_big, 1], big[n_big, 2] = d, f, b
+            n_big += 1
+        else:
+            for k in range(1, f):
+                t, c = tokens[d + k], counts[d + k]
+                i = d + k - 1
+                while i >= d and tokens[i] > t:
+                    tokens[i + 1], counts[i + 1] = tokens[i], counts[i]
+                    i -= 1
+                tokens[i + 1], counts[i + 1] = t, c
+                if i >= d and tokens[i] == t:  # a repeat: find the first one in file order
+                    return o, r, n_big, b + 2 * _first_repeat(words[b:b + 2 * f:2])
+        o = b + 2 * np.int64(words[o + 4])
+        r += 1
+    return o, r, n_big, -1
+
+
+@njit(cache=True)
+def _first_repeat(t):
+    """Index of the first element of ``t`` equal to an earlier one."""
+    for a in range(1, t.size):
+        for p in range(a):
+            if t[a] == t[p]:
+                return a
+    return -1
+
+
+def _sort_big(words, big, tokens, counts) -> int:
+    """Sort the long follower lists ``big`` by token (as ``token << 32 | count``); returns the word
+    of the first repeated follower in file order among them, or -1."""
+    if not len(big):
+        return -1
+    scratch = np.empty(int(big[:, 1].max()), np.int64)
+    for d, f, b in big.tolist():
+        x = scratch[:f]
+        x[:] = tokens[d:d + f]
+        x <<= 32
+        x |= counts[d:d + f]
+        x.sort()
+        tokens[d:d + f] = x >> 32
+        counts[d:d + f] = x & 0xFFFFFFFF
+        t = tokens[d:d + f]
+        if np.any(t[1:] == t[:-1]):
+            return b + 2 * int(_first_repeat(words[b:b + 2 * f:2]))
+    return -1
+
+
+@njit(cache=True)
+def _record_start(words, r):
+    """Word offset of record ``r`` (records before it are well formed)."""
+    o = 0
+    for _ in range(r):
+        o += 5 + 2 * np.int64(words[o + 4])
+    return o
+
+
+def _open_words(path: Path):
+    """``(words, mapping)``: the file as little-endian int32 words, memory-mapped (``mapping``, or
+    None for ``.xz``, which is decompressed into memory)."""
+    mapping = None
     if path.suffix == ".xz":
         with lzma.open(path) as f:
             data = np.frombuffer(f.read(), np.uint8)
     else:
-        data = np.fromfile(path, np.uint8)
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+        data = np.frombuffer(mapping, np.uint8) if size else np.zeros(0, np.uint8)
     if len(data) % 4:
         raise CacheFileError(path, len(data) - len(data) % 4,
                              f"file size {len(data)} is not a multiple of 4 (truncated int32)")
     if not len(data):
         raise CacheFileError(path, 0, EMPTY_FILE)
-    words = data.view("<i4").astype(np.int32, copy=False)
-    starts, R, err, at = _walk_records(words)
-    if err == 1:
-        raise CacheFileError(path, 4 * at, f"truncated record: {4 * (len(words) - at)} bytes left, a record header needs 20")
-    if err == 2:
-        raise CacheFileError(path, 4 * at, f"non-positive follower count ntokens={int(words[at])}")
-    if err == 3:
-        raise CacheFileError(path, 4 * at, f"truncated record: ntokens={int(words[at - 1])} needs "
-                                           f"{8 * int(words[at - 1])} bytes, {4 * (len(words) - at)} left")
-    starts = starts[:R]
-    slots = words[starts[:, None] + np.arange(4)].astype(np.int64)
-    n = np.argmax(np.column_stack([slots == -1, np.ones(R, bool)]), axis=1)  # first -1 slot
-    valid = (n > 0) & ~np.any((np.arange(4) < n[:, None]) & (slots < 0), axis=1) & np.all(
-        (np.arange(4) >= n[:, None]) == (slots == -1), axis=1)
-    if not valid.all():
-        r = int(np.argmin(valid))
-        raise CacheFileError(path, 4 * int(starts[r]), f"invalid n-gram {slots[r].tolist()} "
-                                                       "(expected 1..4 token ids >= 0 then -1)")
-    nt = words[starts + 4].astype(np.int64)
-    rec = np.repeat(np.arange(R), nt)
-    first = np.repeat(starts + 5, nt)
-    j = first + 2 * (np.arange(len(rec)) - np.repeat(np.cumsum(nt) - nt, nt))  # word of each follower token
-    tok, cnt = words[j], words[j + 1]
-    if np.any(tok < 0):
-        e = int(np.argmax(tok < 0))
-        raise CacheFileError(path, 4 * int(j[e]), f"negative follower token {int(tok[e])}")
-    if np.any(cnt <= 0):
-        e = int(np.argmax(cnt <= 0))
-        raise CacheFileError(path, 4 * int(j[e] + 1), f"non-positive count {int(cnt[e])}")
-    w0 = (slots[:, 0] << 32) | (slots[:, 1] & 0xFFFFFFFF)
-    w1 = (slots[:, 2] << 32) | (slots[:, 3] & 0xFFFFFFFF)
-    _check_duplicates(path, w0, w1, starts, rec, tok, j)
-    return cache_from_rows(w0[rec], w1[rec], tok, cnt, source=str(path))
+    return data.view("<i4").astype(np.int32, copy=False), mapping
 
 
-def _check_duplicates(path, w0, w1, starts, rec, tok, j) -> None:
-    """llama.cpp keeps the first of a repeated n-gram or follower; it never writes one, so a repeat
-    means a corrupt or concatenated file (the same rule as ``reference.cache_file``)."""
-    order = np.lexsort((starts, w1, w0))
-    dup = (w0[order][1:] == w0[order][:-1]) & (w1[order][1:] == w1[order][:-1])
-    if dup.any():
-        r = order[1:][dup].min()
-        raise CacheFileError(path, 4 * int(starts[r]), "duplicate n-gram")
-    order = np.lexsort((j, tok, rec))
-    dup = (rec[order][1:] == rec[order][:-1]) & (tok[order][1:] == tok[order][:-1])
-    if dup.any():
-        e = order[1:][dup].min()
-        raise CacheFileError(path, 4 * int(j[e]), f"duplicate follower {int(tok[e])}")
+def _release(mapping, start_word: int, end_word: int) -> None:
+    """Drop the mapped pages of words ``[start, end)`` from the process (the page cache keeps them)."""
+    lo, hi = -(-4 * start_word // mmap.PAGESIZE) * mmap.PAGESIZE, 4 * end_word // mmap.PAGESIZE * mmap.PAGESIZE
+    if mapping is not None and hi > lo and hasattr(mapping, "madvise"):
+        mapping.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+
+
+def read_llama(path: str | os.PathLike) -> SortedCache:
+    """Read llama.cpp's format (``common_ngram_cache_load``, ngram-cache.cpp:222-258) into sorted
+    arrays with the checks of :func:`reference.cache_file.load_cache`, reporting the same first
+    problem at the same byte offset (the smallest offset among the first problem of each kind).
+
+    Two compiled passes over the mapped file in 4 MiB steps (pages are released behind them) and
+    one sort of the keys per n-gram size; no per-entry Python objects. Besides the result, memory
+    holds per record the key word, follower count, size and first entry (arrays sized by the
+    ``len // 28`` bound on the records are touched only as far as records exist)."""
+    path = Path(path)
+    words, mapping = _open_words(path)
+    W = words.size
+    bound = W // 7 + 1  # a record has at least 7 words
+    w0, w1, nt = np.empty(bound, np.int64), np.empty(bound, np.int64), np.empty(bound, np.int32)
+    size = np.empty(bound, np.uint8)
+    o = R = err = 0
+    while o < W and not err:
+        start = o
+        o, R, err, at, value = _scan_llama(words, o, min(W, o + CHUNK_WORDS), R, w0, w1, size, nt)
+        _release(mapping, start, o)
+    problems = {1: lambda: f"truncated record: {4 * (W - at)} bytes left, a record header needs 20",
+                2: lambda: f"invalid n-gram {words[at:at + 4].tolist()} (expected 1..4 token ids >= 0 then -1)",
+                3: lambda: f"non-positive follower count ntokens={value}",
+                4: lambda: f"truncated record: ntokens={value} needs {8 * value} bytes, {4 * (W - at)} left",
+                5: lambda: f"negative follower token {value}", 6: lambda: f"non-positive count {value}"}
+    first = [(4 * at, problems[err]())] if err else []  # (byte offset, problem): the first of each kind
+    w0, w1, size, nt = w0[:R], w1[:R], size[:R], nt[:R]
+    sizes = [n for n in range(1, NGRAM_MAX + 1) if np.any(size == n)]
+    base = np.zeros(NGRAM_MAX + 2, np.int64)  # first entry of each size's section; the total last
+    dst = np.empty(R, np.uint32)
+    sections = {}
+    for n in sizes:
+        rec = np.flatnonzero(size == n) if len(sizes) > 1 else np.zeros(0, np.int64)
+        a0 = w0[rec] if len(rec) else w0
+        if n <= 2:
+            keys, order = _sort_keys(a0)
+            same = keys[1:] == keys[:-1]
+        else:
+            order = np.lexsort((w1[rec] if len(rec) else w1, a0))
+            keys = np.column_stack([a0[order], (w1[rec] if len(rec) else w1)[order]])
+            same = (keys[1:] == keys[:-1]).all(axis=1)
+        if same.any():  # a repeated n-gram: report its first repeat in file order (both sorts are stable)
+            r = int(order[1:][same].min())
+            r = int(rec[r]) if len(rec) else r
+            slots = words_to_slots(w0[r:r + 1], w1[r:r + 1] if n > 2 else np.full(1, -1, np.int64))[0, :n]
+            first.append((4 * _record_start(words, r), f"duplicate n-gram {tuple(slots.tolist())}"))
+        del a0, same
+        E = int(nt[rec].sum(dtype=np.int64) if len(rec) else nt.sum(dtype=np.int64))
+        if E >= 2**32:
+            raise ValueError(f"a section holds at most 2**32-1 entries, got {E}")
+        offsets = np.empty(len(keys) + 1, np.uint32)
+        _layout(order, rec, nt, offsets, dst)
+        del order, rec
+        sections[n] = (keys, offsets, E)
+        base[n + 1:] += E
+    del w0, w1
+    tokens, counts = np.empty(base[-1], np.int32), np.empty(base[-1], np.int32)
+    big = np.empty((int(np.count_nonzero(nt > SMALL)), 3), np.int64)
+    o = r = n_big = 0
+    dup_at = -1
+    while r < R and dup_at < 0:
+        start = o
+        o, r, n_big, dup_at = _place_followers(words, o, min(W, o + CHUNK_WORDS), r, R, nt, dst, size, base,
+                                               tokens, counts, big, n_big)
+        _release(mapping, start, o)
+    big_dup = _sort_big(words, big[:n_big], tokens, counts)
+    dup_at = big_dup if dup_at < 0 or 0 <= big_dup < dup_at else dup_at
+    if dup_at >= 0:
+        first.append((4 * dup_at, f"duplicate follower {int(words[dup_at])}"))
+    if first:
+        raise CacheFileError(path, *min(first))
+    del dst, nt, size
+    out = {}
+    for n, (keys, offsets, E) in sections.items():
+        t, c = tokens[base[n]:base[n] + E], counts[base[n]:base[n] + E]
+        out[n] = Section(n, keys, offsets, t, c, static_top(offsets, t, c))
+    return SortedCache(out, source=str(path))
 
 
 def save_llama(cache: SortedCache, path: str | os.PathLike) -> None:

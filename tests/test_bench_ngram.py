@@ -86,6 +86,73 @@ def test_bench_load_static_reference(benchmark, data):
     info(benchmark, data, file="static-small.bin (bundled, 2M-token corpus)", n_entries=cache.n_entries())
 
 
+# ----------------------------------------------------------------------------- llama.cpp-format load (issue 15)
+
+# issue 15's table (35.8 M-token corpus of this kind, 163 MiB file, median of 3, this 2-core machine)
+LLAMA_LOAD_ISSUE = {"upstream_cpp": "6.1 s, 1,364 MiB peak", "best_cpp": "0.27 s, 214 MiB peak",
+                    "ngram_spec_before": "16.9 s, 2,525 MiB peak"}
+TARGET_LLAMA_LOAD = {"seconds": 1.0, "peak_over_baseline_per_file_mib": 1.1}
+
+
+def save_llama_unordered(cache, path, seed: int = 0) -> None:
+    """``cache`` in llama.cpp's format with records and followers in random order, as llama.cpp's
+    ``unordered_map`` writes them (``save_cache`` writes them sorted, which spares the loader's sorts)."""
+    from mlx_backend.ngram_tables import words_to_slots
+
+    rng = np.random.default_rng(seed)
+    parts = []
+    for s in cache.sections.values():
+        perm = rng.permutation(s.n_keys)
+        f = np.diff(s.offsets.astype(np.int64))[perm]
+        start = np.cumsum(5 + 2 * f) - (5 + 2 * f)
+        out = np.empty(5 * s.n_keys + 2 * s.n_entries, "<i4")
+        slots = words_to_slots(*s.key_words())[perm]
+        for c in range(4):
+            out[start + c] = slots[:, c]
+        out[start + 4] = f
+        rec = np.repeat(np.arange(s.n_keys), f)
+        k = np.arange(len(rec)) - np.repeat(np.cumsum(f) - f, f)
+        src = np.repeat(s.offsets[:-1].astype(np.int64)[perm], f) + k[np.lexsort((rng.random(len(rec)), rec))]
+        dst = np.repeat(start + 5, f) + 2 * k
+        out[dst], out[dst + 1] = s.tokens[src], s.counts[src]
+        parts.append(out)
+    np.concatenate(parts).tofile(path)
+
+
+LLAMA_LOAD_SCRIPT = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, sys.argv[3])
+    from test_bench_ngram import vm_kib
+    from mlx_backend.api import load_cache
+    load_cache(sys.argv[2])  # a 1-record file: the compiled loops are loaded; the baseline
+    base = vm_kib("VmHWM")
+    t, cpu = time.perf_counter(), time.process_time()
+    c = load_cache(sys.argv[1])
+    print(time.perf_counter() - t, time.process_time() - cpu, vm_kib("VmHWM") / 1024, base / 1024, c.n_entries())
+""")
+
+
+def test_bench_load_llama_mlx(benchmark, data, tmp_path):
+    """A llama.cpp-format static cache (records in llama.cpp's unordered order) loaded into the sorted
+    arrays; the peak memory in a fresh process over its baseline, against the file's size."""
+    path, tiny = tmp_path / "static-unordered.bin", tmp_path / "tiny.bin"
+    save_llama_unordered(api.load_cache(data["ours"]), path)
+    ref.save_cache(ref.NgramCache({(1, 2): {3: 1}}), tiny)
+    cpu = []
+    cache = benchmark.pedantic(cpu_timed(api.load_cache, cpu), (path,), rounds=3, iterations=1)
+    assert cache == api.load_cache(data["ours"])
+    out = subprocess.run([sys.executable, "-c", LLAMA_LOAD_SCRIPT, str(path), str(tiny), str(Path(__file__).parent)],
+                         capture_output=True, text=True, check=True).stdout.split()
+    file_mib = path.stat().st_size / 2**20
+    over = float(out[2]) - float(out[3])
+    info(benchmark, data, file_mib=round(file_mib, 1), n_entries=int(out[4]),
+         cpu_seconds_median=round(float(np.median(cpu)), 3), fresh_process_load_s=round(float(out[0]), 3),
+         fresh_process_cpu_s=round(float(out[1]), 3), peak_rss_mib=round(float(out[2])),
+         baseline_rss_mib=round(float(out[3])), peak_over_baseline_mib=round(over),
+         peak_over_baseline_per_file_mib=round(over / file_mib, 2), load_average=os.getloadavg(),
+         issue_table=LLAMA_LOAD_ISSUE, target=TARGET_LLAMA_LOAD)
+
+
 # ----------------------------------------------------------------------------- build
 
 

@@ -13,7 +13,7 @@ import mlx_backend.api as api
 import reference.api as ref
 from mlx_backend import static_file as sf
 from reference.cache_file import CacheFileError
-from reference.ngram_cache import NgramCache
+from reference.ngram_cache import NgramCache, pad
 
 
 @st.composite
@@ -240,3 +240,96 @@ def test_drafter_refuses_cache_of_another_tokenizer(tmp_path):
         api.NgramDrafter(c_st=str(tmp_path / "c.ngc"), vocab_size=other[0], fingerprint=other[1])
     with pytest.raises(sf.CacheFormatError, match="vocabulary of 5"):
         api.NgramDrafter(c_dyn=str(tmp_path / "c.ngc"), vocab_size=6)
+
+
+# ----------------------------------------------------------------------------- llama.cpp files in any order
+
+
+@st.composite
+def wide_caches(draw):
+    """A reference cache of mixed sizes where some n-grams have many followers (> the loader's
+    ``SMALL``, sorted by NumPy there) and most have a few."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    counts = {}
+    for _ in range(draw(st.integers(1, 40))):
+        n = int(rng.integers(1, 5))
+        eta = tuple(rng.integers(0, 70_000 if rng.random() < 0.5 else 5, n).tolist())
+        f = int(rng.choice([1, 2, 5, sf.SMALL, sf.SMALL + 1, 300]))
+        ys = rng.choice(100_000, f, replace=False).tolist()
+        counts[eta] = {y: int(rng.integers(1, 2**31 - 1 if rng.random() < 0.1 else 9)) for y in ys}
+    return NgramCache(counts)
+
+
+def llama_bytes(cache: NgramCache, rng) -> bytes:
+    """``cache`` in llama.cpp's format with records and followers in random order (llama.cpp writes
+    them in ``unordered_map`` order, not sorted like ``save_cache``)."""
+    records = []
+    for eta, part in cache.counts.items():
+        items = list(part.items())
+        rng.shuffle(items)
+        records.append(list(pad(eta)) + [len(items)] + [v for yc in items for v in yc])
+    rng.shuffle(records)
+    return np.asarray([w for r in records for w in r], "<i4").tobytes()
+
+
+def assert_same_arrays(mine, expected):
+    assert mine.sizes() == expected.sizes()
+    for n, s in expected.sections.items():
+        for name, a, b in zip(s._fields[1:], mine.section(n)[1:], s[1:]):
+            assert a.dtype == b.dtype and np.array_equal(a, b), (n, name)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.one_of(caches(), wide_caches()), st.randoms(use_true_random=False))
+def test_llama_file_in_any_order_loads_to_the_same_arrays(tmp_path_factory, c, rnd):
+    """A file in llama.cpp's record order loads to exactly the arrays of the same counts built from
+    rows (``as_sorted`` of the reference's parse: the multiset sorted and summed by NumPy)."""
+    if not c.counts:
+        return
+    path = tmp_path_factory.mktemp("any") / "c.bin"
+    path.write_bytes(llama_bytes(c, rnd))
+    assert ref.load_cache(path) == c
+    assert_same_arrays(api.load_cache(path), api.as_sorted(c))
+
+
+KINDS = ("file size", "empty file", "truncated record", "invalid n-gram", "non-positive follower count",
+         "negative follower token", "non-positive count", "duplicate n-gram", "duplicate follower")
+
+
+@st.composite
+def damaged(draw):
+    """A llama.cpp file (records in random order) with one to three words overwritten, a record
+    repeated, or its end cut off."""
+    c = draw(st.one_of(caches(), wide_caches()).filter(lambda c: c.counts))
+    rnd = draw(st.randoms(use_true_random=False))
+    words = np.frombuffer(llama_bytes(c, rnd), "<i4").copy()
+    how = draw(st.sampled_from(["overwrite", "repeat", "cut"]))
+    if how == "overwrite":
+        for _ in range(draw(st.integers(1, 3))):
+            at = draw(st.integers(0, len(words) - 1))
+            words[at] = draw(st.sampled_from([-5, -1, 0, 1, 2, 3, int(words[draw(st.integers(0, len(words) - 1))]),
+                                              2**31 - 1]))
+        return words.tobytes()
+    if how == "repeat":
+        at = draw(st.integers(0, len(words)))
+        n = draw(st.integers(1, 40))
+        return np.concatenate([words[:at], words[max(0, at - n):at], words[at:]]).tobytes()
+    return words.tobytes()[:draw(st.integers(0, 4 * len(words) - 1))]
+
+
+@settings(max_examples=80, deadline=None)
+@given(damaged())
+def test_damaged_llama_files_fail_like_the_reference(tmp_path_factory, data):
+    """Any damage: the same first problem at the same byte offset as the reference reader, or both
+    load the same counts (the damage made another valid file)."""
+    path = tmp_path_factory.mktemp("bad") / "c.bin"
+    path.write_bytes(data)
+    try:
+        theirs = ref.load_cache(path)
+    except CacheFileError as e:
+        with pytest.raises(CacheFileError) as mine:
+            api.load_cache(path)
+        kind = [k for k in KINDS if e.problem.startswith(k)]
+        assert (mine.value.offset, mine.value.problem.startswith(kind[0])) == (e.offset, True), (mine.value, e)
+        return
+    assert_same_arrays(api.load_cache(path), api.as_sorted(theirs))
