@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+from mlx_backend.blas import CHOICES as BLAS_CHOICES  # stdlib only: no mlx needed
 from reference.cli import UserError
 
 REFERENCE_DRAFT_MAX = 16  # llama.cpp's --draft-max default
@@ -63,6 +64,9 @@ def register(subparsers) -> None:
                    default="auto",
                    help="reference: float32 (auto) or float64 arithmetic; mlx: the weights' type (auto: the "
                         "backend's choice for the machine)")
+    p.add_argument("--blas", choices=BLAS_CHOICES, default=None,
+                   help="mlx on Linux x86-64: the BLAS to re-run with (auto: the system's OpenBLAS, else the "
+                        "cmeel-openblas wheel's; system; wheel; bundled: mlx's own; default: $NGRAM_SPEC_BLAS or auto)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON record: tokens (generated ids, prompt and a final EOS excluded), text, "
                         "finish_reason (stop: EOS, length: --max-tokens), n_forward, steps, n_drafted, n_accept, "
