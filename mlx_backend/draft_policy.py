@@ -75,7 +75,8 @@ class StepCosts:
     ``samples[0]`` holds seconds per token of pipelined plain steps (``c_p``); ``samples[S]``,
     S >= 1, the seconds of a forward over S tokens waited for on its own (S = 1: the first step of a
     plain run) divided by ``c_p`` at that time, so that a change of machine load between runs
-    cancels out. Each keeps its last :data:`WINDOW` values and is estimated by their median. An S
+    cancels out. Each keeps its last :data:`WINDOW` values and is estimated by their median, made
+    non-decreasing in S (:func:`_non_decreasing`, weighted by the number of timings). An S
     never timed is interpolated linearly between timed ones (``c(1) = c_p`` until timed), and beyond
     the largest timed S extrapolated with the mean slope from S = 1 (:data:`PRIOR_SLOPE` before any).
 
@@ -106,11 +107,12 @@ class StepCosts:
         if not self.samples.get(0):
             return None
         c_p = statistics.median(self.samples[0])
-        rel = {S: statistics.median(v) for S, v in self.samples.items() if S > 0}
-        rel.setdefault(1, 1.0)
-        known = sorted(rel)
+        known = sorted({1, *(S for S in self.samples if S > 0)})
+        medians = [statistics.median(self.samples[S]) if S in self.samples else 1.0 for S in known]
+        weights = [len(self.samples.get(S, ())) or 1 for S in known]
+        rel = dict(zip(known, _non_decreasing(medians, weights)))
         last = known[-1]
-        slope = max((rel[last] - rel[1]) / (last - 1), 0.0) if last > 1 else PRIOR_SLOPE
+        slope = (rel[last] - rel[1]) / (last - 1) if last > 1 else PRIOR_SLOPE
         costs = []
         for S in range(1, self.s_max + 1):
             if S in rel:
@@ -123,6 +125,23 @@ class StepCosts:
                 r = rel[lo] + (rel[hi] - rel[lo]) * (S - lo) / (hi - lo)
             costs.append(r * c_p)
         return costs, c_p
+
+
+def _non_decreasing(values: list[float], weights: list[float]) -> list[float]:
+    """The non-decreasing sequence closest to ``values`` in weighted least squares (pool adjacent
+    violators): a verify over more tokens never costs less, and a size timed once weighs less than
+    one timed sixteen times.
+
+    >>> _non_decreasing([1.0, 3.0, 2.0, 2.5], [1, 1, 3, 1])
+    [1.0, 2.25, 2.25, 2.5]
+    """
+    blocks: list[list[float]] = []   # [mean, weight, count]
+    for v, w in zip(values, weights):
+        blocks.append([v, w, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (v1, w1, n1), (v2, w2, n2) = blocks.pop(-2), blocks.pop()
+            blocks.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
+    return [v for v, _, n in blocks for _ in range(n)]
 
 
 class DraftPolicy:

@@ -188,11 +188,13 @@ def model_from_gguf(tensors: dict[str, mx.array], metadata: dict, dtype: str | N
     model = llama.Model(args)
     shapes = {name: p.shape for name, p in tree_flatten(model.parameters())}
 
+    from tqdm import tqdm
+
     weights = {}
     quantized = {}  # mlx-lm module path -> {"group_size", "bits"}
-    for name, value in tensors.items():
-        if name.endswith((".scales", ".biases")):
-            continue
+    names = [n for n in tensors if not n.endswith((".scales", ".biases"))]  # those go with their weight
+    for name in tqdm(names, desc=f"loading the model ({dtype})", unit="tensor", leave=False, disable=None):
+        value = tensors[name]
         target = _mlx_name(name)
         if name[: -len(".weight")] + ".scales" in tensors:  # a quantized triple
             base = name[: -len(".weight")]
@@ -209,6 +211,7 @@ def model_from_gguf(tensors: dict[str, mx.array], metadata: dict, dtype: str | N
         if mx.issubdtype(value.dtype, mx.floating):
             value = value.astype(DTYPES[dtype] or mx.float32)
         weights[target] = value
+        mx.eval(value)   # the work happens here, so the progress bar shows it
     if quantized:
         nn.quantize(model, class_predicate=lambda path, module: quantized.get(path, False))
     model.load_weights(list(weights.items()), strict=True)

@@ -93,6 +93,25 @@ def test_linear_costs_are_recovered_from_two_timed_sizes(c_p, c1, slope, timed):
         assert math.isclose(c, c_p * (c1 + slope * (S - 1)), rel_tol=1e-9), (S, c)
 
 
+@settings(max_examples=60, deadline=None)
+@given(samples=st.dictionaries(st.integers(1, 9), st.lists(st.floats(0.5, 10), min_size=1, max_size=5), max_size=9))
+def test_estimate_never_decreases_and_keeps_ordered_medians(samples):
+    import statistics
+
+    costs = StepCosts(9)
+    costs.add(0, 1.0)
+    for S, values in samples.items():
+        for v in values:
+            costs.add(0, 1.0)
+            costs.add(S, v)
+    estimate, plain = costs.estimate()
+    assert plain == 1.0 and all(a <= b + 1e-12 for a, b in zip(estimate, estimate[1:]))
+    medians = {S: statistics.median(v) for S, v in samples.items()}
+    ordered = [medians.get(1, 1.0)] + [medians[S] for S in sorted(medians) if S > 1]
+    if all(a <= b for a, b in zip(ordered, ordered[1:])):            # nothing to pool: timed sizes as measured
+        assert all(math.isclose(estimate[S - 1], m) for S, m in medians.items())
+
+
 def test_costs_before_any_timed_step():
     costs = StepCosts(9)
     assert costs.estimate() is None
