@@ -63,7 +63,7 @@ from mlx_backend.rollback import VerifyCache
 from mlx_backend.user_cache import cache_dir
 
 DEFAULT_K_MAX = 8
-PRIOR_SLOPE = 0.5   # c(S) / c(1) grows by this per extra token until a verify step is timed
+PRIOR_SLOPE = 0.25  # c(S) / c(1) grows by this per extra token until a verify step is timed
 WINDOW = 16         # timings kept per S (the estimate is their median)
 COST_FILE = "step-costs.json"
 _COSTS: dict[str, "StepCosts"] = {}
