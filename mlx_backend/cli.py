@@ -105,7 +105,7 @@ DEMO_PROMPTS = (
 
 
 def _generate(model, prompt: list[int], max_tokens: int, eos: set[int], *, spec: bool, draft_max, drafter,
-              stats, desc: str):
+              stats, desc: str, draft_policy=None):
     """Greedy tokens (EOS included), seconds, and the plain run's logprobs; progress on stderr."""
     from mlx_lm.generate import generate_step
     from mlx_lm.sample_utils import make_sampler
@@ -119,7 +119,8 @@ def _generate(model, prompt: list[int], max_tokens: int, eos: set[int], *, spec:
         t0 = time.perf_counter()
         if spec:
             steps = ngram_speculative_generate_step(mx.array(prompt), model, max_tokens=max_tokens, sampler=sampler,
-                                                    draft_max=draft_max, drafter=drafter, stats=stats)
+                                                    draft_max=draft_max, drafter=drafter, stats=stats,
+                                                    draft_policy=draft_policy)
         else:
             steps = ((t, lp, False) for t, lp in generate_step(mx.array(prompt), model, max_tokens=max_tokens,
                                                               sampler=sampler))
@@ -149,15 +150,20 @@ def _divergence(plain: list[int], spec: list[int], plain_logprobs) -> dict | Non
 def demo_records(model, tokenizer, prompts=DEMO_PROMPTS, *, max_tokens: int = 96, draft_max=None,
                  log=print) -> list[dict]:
     """Run every prompt plain and speculative; one record per prompt (see ``demo --json``)."""
+    from mlx_backend.draft_policy import DraftPolicy, learned_costs
     from mlx_backend.generate import SpecStats, default_drafter
 
     eos = set(tokenizer.eos_token_ids)
     if draft_max is None:
         log(describe_costs(model, "[demo] draft length: cost-aware; "))
-    # warm up both paths (graph building, allocation) outside the timings
-    warm = prompt_tokens(tokenizer, "Hi")
+    # warm up both paths (graph building, allocation) outside the timings; with the cost-aware draft
+    # length the warm-up drafts from the start (acceptance prior 1), so it also times verify forwards:
+    # even on a first run the first prompt starts with learned costs
+    warm = prompt_tokens(tokenizer, "Repeat exactly: red, green, blue, red, green, blue, red, green, blue")
     _generate(model, warm, 4, eos, spec=False, draft_max=None, drafter=None, stats=None, desc="warm-up")
-    _generate(model, warm, 4, eos, spec=True, draft_max=draft_max, drafter=None, stats=SpecStats(), desc="warm-up")
+    policy = DraftPolicy(step_costs=learned_costs(model), prior=1.0) if draft_max is None else None
+    _generate(model, warm, 16, eos, spec=True, draft_max=draft_max, drafter=None, stats=SpecStats(), desc="warm-up",
+              draft_policy=policy)
     records = []
     for n, p in enumerate(prompts, 1):
         ids = prompt_tokens(tokenizer, p.text)
