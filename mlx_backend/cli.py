@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -340,7 +339,7 @@ def register(subparsers) -> None:
                         "where it is the fastest, quantized on a GPU)")
     p.add_argument("--max-tokens", type=int, default=96, help="new tokens per prompt (default: %(default)s)")
     p.add_argument("--draft-max", type=int, default=None, metavar="K",
-                   help="draft exactly up to K tokens per step (default: the cost-aware choice, from the measured "
+                   help="draft exactly up to K tokens per step (default: the cost-aware choice, from the learned "
                         "verify cost and the tracked acceptance)")
     p.add_argument("--blas", choices=BLAS_CHOICES, default=None,
                    help="Linux x86-64: re-run with an optimized BLAS interposed (LD_PRELOAD). auto (default, or "

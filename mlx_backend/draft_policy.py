@@ -72,12 +72,14 @@ _COSTS: dict[str, "StepCosts"] = {}
 class StepCosts:
     """``c(S)``, S = 1..s_max, and the pipelined plain cost ``c_p``, from the timings of real steps.
 
-    ``samples[0]`` holds seconds per token of pipelined plain steps (``c_p``); ``samples[S]``,
-    S >= 1, the seconds of a forward over S tokens waited for on its own (S = 1: the first step of a
-    plain run) divided by ``c_p`` at that time, so that a change of machine load between runs
-    cancels out. Each keeps its last :data:`WINDOW` values and is estimated by their median, made
+    ``samples[0]`` holds seconds per token of pipelined plain steps (``c_p``, timed token to token;
+    not the first step of a plain run, which also pays for the rollback and graph changes of the
+    verify step before it); ``samples[S]``, S >= 1, the seconds of a verify step over S tokens (the
+    forward, reading its tokens and the rollback) divided by ``c_p`` at that time, so that a change
+    of machine load between runs cancels out. ``c(1)`` is ``c_p`` until timed (a fixed-length
+    policy's empty draft; the cost-aware one pipelines those steps). Each keeps its last :data:`WINDOW` values and is estimated by their median, made
     non-decreasing in S (:func:`_non_decreasing`, weighted by the number of timings). An S
-    never timed is interpolated linearly between timed ones (``c(1) = c_p`` until timed), and beyond
+    never timed is interpolated linearly between timed ones, and beyond
     the largest timed S extrapolated with the mean slope from S = 1 (:data:`PRIOR_SLOPE` before any).
 
     >>> costs = StepCosts(4)

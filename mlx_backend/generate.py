@@ -190,14 +190,14 @@ def ngram_speculative_generate_step(
                 stats.draft_lengths[k] = stats.draft_lengths.get(k, 0) + 1
                 if k > 0 or not policy.pipelined:   # [last, d1..dk] in one forward, then cut back
                     drafts = proposal[:k]
-                    t0 = time.perf_counter()
+                    t_step = time.perf_counter()
                     logits = verifier.forward(history[-1:] + drafts)
                     emitted, logprobs, n_accept = verify_drafts(logits, drafts, sampler,
                                                                 logits_processors, history)
-                    policy.observe_cost(1 + k, time.perf_counter() - t0)
                     t0 = time.perf_counter()
                     verifier.keep(1 + n_accept)
                     stats.t_rollback += time.perf_counter() - t0
+                    policy.observe_cost(1 + k, time.perf_counter() - t_step)
                     stats.n_drafted += k
                     stats.n_accept += n_accept
                     learn(proposal, emitted)
@@ -208,7 +208,7 @@ def ngram_speculative_generate_step(
                     continue
                 # plain mode: one-token steps, each launched before the previous token is read
                 stats.enter_plain += 1
-                t_last, timed = time.perf_counter(), 1   # the run's first step is waited for: c(1)
+                t_last = None   # c_p is timed token to token; the run's first step also pays for what came before
                 token, logprobs = plain_step(mx.array(history[-1:], mx.uint32), history[:-1])
                 while True:
                     # `token` (the n_out + 1-th) is in flight; proposal[0] is the drafter's guess of it
@@ -218,8 +218,9 @@ def ngram_speculative_generate_step(
                         next_token, next_logprobs = plain_step(token, history)
                         stats.draft_lengths[0] += 1
                     t = token.item()
-                    policy.observe_cost(timed, time.perf_counter() - t_last)   # then c_p: token to token
-                    t_last, timed = time.perf_counter(), 0
+                    if t_last is not None:
+                        policy.observe_cost(0, time.perf_counter() - t_last)
+                    t_last = time.perf_counter()
                     stats.plain_steps += 1
                     learn(proposal, [t])
                     stats.t_total = time.perf_counter() - t_start
