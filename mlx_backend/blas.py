@@ -79,7 +79,8 @@ def wheel_openblas() -> Path | None:
 def gfortran_folder() -> Path | None:
     """A folder in the user's cache directory where ``libgfortran.so.5`` (and the libraries it
     links by their hashed names) are symbolic links to the copies bundled with the mlx-cpu wheel;
-    None when that wheel bundles none. Links are made once, atomically (link then rename)."""
+    None when that wheel bundles none or the folder cannot be written. Links are made once,
+    atomically (link then rename)."""
     try:
         files = importlib.metadata.distribution("mlx-cpu").files or []
     except importlib.metadata.PackageNotFoundError:
@@ -90,15 +91,18 @@ def gfortran_folder() -> Path | None:
     if gfortran is None:
         return None
     folder = cache_dir() / "blas-libs"
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, target in [(GFORTRAN, gfortran), *((lib.name, lib) for lib in libs)]:
-        link = folder / name
-        if link.is_symlink() and os.readlink(link) == str(target):
-            continue
-        tmp = folder / f".{name}.{os.getpid()}.tmp"
-        tmp.unlink(missing_ok=True)
-        os.symlink(target, tmp)
-        os.replace(tmp, link)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, target in [(GFORTRAN, gfortran), *((lib.name, lib) for lib in libs)]:
+            link = folder / name
+            if link.is_symlink() and os.readlink(link) == str(target):
+                continue
+            tmp = folder / f".{name}.{os.getpid()}.tmp"
+            tmp.unlink(missing_ok=True)
+            os.symlink(target, tmp)
+            os.replace(tmp, link)
+    except OSError:   # a read-only cache directory: the wheel's library cannot be loaded
+        return None
     return folder
 
 
@@ -119,14 +123,17 @@ def fast_blas_env(choice: str = "auto") -> dict[str, str] | None:
                                 "(or use --blas wheel)")
     if choice == "wheel" and wheel is None:
         raise FileNotFoundError(f"the {WHEEL} wheel is not installed; install it with: pip install {WHEEL}")
-    library = system or wheel
-    if library is None:
+    if system is None and wheel is None:
         return None
-    env = {"LD_PRELOAD": str(library), "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS", "1")}
+    env = {"LD_PRELOAD": str(system or wheel), "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS", "1")}
     if wheel is not None:
         folder = gfortran_folder()
-        if folder is not None:
-            env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(folder), os.environ.get("LD_LIBRARY_PATH")) if p)
+        if folder is None:
+            if choice == "wheel":
+                raise FileNotFoundError(f"no {GFORTRAN} for the {WHEEL} wheel: mlx-cpu bundles none here, or "
+                                        f"{cache_dir()} is not writable (set NGRAM_SPEC_CACHE_DIR)")
+            return None
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(folder), os.environ.get("LD_LIBRARY_PATH")) if p)
     return env
 
 

@@ -106,3 +106,15 @@ def test_blas_in_use_reports_only_a_library_that_is_loaded(monkeypatch, tmp_path
     monkeypatch.setenv("LD_PRELOAD", str(link))
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "3")
     assert blas.blas_in_use() == f"{link} via LD_PRELOAD (OPENBLAS_NUM_THREADS=3)"
+
+
+@linux_x86
+def test_an_unwritable_cache_directory_keeps_the_bundled_blas(libs, monkeypatch, tmp_path):
+    system, wheel, install = libs
+    install(wheel)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("NGRAM_SPEC_CACHE_DIR", str(blocker / "cache"))   # cannot be created
+    assert blas.fast_blas_env("auto") is None
+    with pytest.raises(FileNotFoundError, match="NGRAM_SPEC_CACHE_DIR"):
+        blas.fast_blas_env("wheel")
