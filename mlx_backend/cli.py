@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -245,6 +246,15 @@ def run_demo(args) -> int:
 
 # --- generate --backend mlx ----------------------------------------------------------------------
 
+def _warm_drafter() -> None:
+    """Import the n-gram drafter and run it once, so that its compiled loops are loaded."""
+    from mlx_backend.generate import default_drafter
+
+    drafter = default_drafter()
+    drafter.reset([0, 1, 0, 1])
+    drafter.draft(2)
+
+
 def run_generate(args) -> int:
     """``ngram-spec generate --backend mlx`` (the parser is reference/cli/model.py's)."""
     from mlx_lm.generate import stream_generate as plain_stream_generate
@@ -261,6 +271,8 @@ def run_generate(args) -> int:
         raise ValueError("--dtype float64 is for --backend reference; mlx takes quantized, float32, float16, bfloat16")
     if args.seed is not None:
         mx.random.seed(args.seed)
+    if not args.no_spec:   # the drafter's compiled loops (numba, ~2.5 s) load while the model loads
+        threading.Thread(target=_warm_drafter, daemon=True).start()
     model, tokenizer, desc = load_model(args.model, dtype)
     if args.prompt_tokens is not None:
         from reference.tokens import read_tokens
