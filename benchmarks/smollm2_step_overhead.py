@@ -18,7 +18,6 @@ from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_sampler
 
 from mlx_backend import cli
-from mlx_backend.draft_policy import measure_verify_cost
 from mlx_backend.generate import SpecStats, ngram_speculative_generate_step
 
 
@@ -29,7 +28,6 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     model, tokenizer, desc = cli.load_model(None, args.dtype)
-    measure_verify_cost(model)
     prompt = mx.array(cli.prompt_tokens(tokenizer, cli.DEMO_PROMPTS[-1].text))
     greedy = make_sampler(0.0)
     ways = {

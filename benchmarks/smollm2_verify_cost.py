@@ -18,7 +18,7 @@ import time
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
-from mlx_backend.cli import blas_in_use
+from mlx_backend.blas import blas_in_use
 from mlx_backend.gguf import DTYPES, read_gguf, default_model_path, model_from_gguf
 
 

@@ -8,15 +8,15 @@ speedup, the acceptance, tokens per forward and whether the two outputs are iden
 On Linux the mlx-cpu wheel does its float matmuls with the bundled Netlib reference BLAS, where a
 forward over S tokens costs about S forwards of one token; with OpenBLAS interposed (``LD_PRELOAD``)
 and float32 weights a forward over a few tokens costs about as much as one, like on a GPU or a Mac
-(docs/benchmarks.md). ``demo --blas auto`` re-runs itself in that configuration when OpenBLAS is
-installed.
+(docs/benchmarks.md). ``demo`` and ``generate`` re-run themselves in that configuration
+(:func:`mlx_backend.blas.ensure_fast_blas`: the system's OpenBLAS, else the ``cmeel-openblas`` wheel's).
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,45 +24,12 @@ from pathlib import Path
 import mlx.core as mx  # without mlx, reference.cli registers `demo` as "needs mlx: pip install ..."
 import mlx.nn as nn
 
-OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
-_REEXEC_MARK = "NGRAM_SPEC_BLAS_SET"
+from mlx_backend.blas import CHOICES as BLAS_CHOICES, blas_in_use, ensure_fast_blas
+from mlx_backend.gguf import default_dtype
+
 # A divergence between plain and speculative greedy output is only acceptable at a near-tie: the
 # plain step's top-2 logit gap below this (OpenBLAS's multi-row sums differ by ~1e-5 in float32).
 NEAR_TIE = 1e-3
-
-
-def blas_in_use() -> str:
-    """The BLAS that serves mlx's matmuls on this process.
-
-    A BLAS named in ``LD_PRELOAD`` interposes on the one libmlx links (numpy's own bundled OpenBLAS
-    uses suffixed symbols and does not); otherwise on Linux it is the Netlib reference BLAS that the
-    mlx-cpu wheel bundles, on macOS Accelerate.
-    """
-    if sys.platform == "darwin":
-        return "Accelerate"
-    preloaded = [p for p in os.environ.get("LD_PRELOAD", "").replace(":", " ").split() if "blas" in p.lower()]
-    if preloaded:
-        threads = os.environ.get("OPENBLAS_NUM_THREADS", "default")
-        return f"{os.path.basename(preloaded[0])} via LD_PRELOAD (OPENBLAS_NUM_THREADS={threads})"
-    return "reference BLAS (bundled with mlx-cpu)"
-
-
-def default_dtype() -> str:
-    """GGUF weights: kept quantized on a GPU (4x less to read per step), float32 on the CPU.
-
-    On the CPU mlx's quantized matmul is slower than float32 under either BLAS (SmolLM2, one token:
-    102 ms quantized vs 82 ms float32 with the bundled BLAS, 74 ms with OpenBLAS; docs/benchmarks.md).
-    """
-    return "quantized" if mx.default_device() == mx.gpu else "float32"
-
-
-def _reexec_with_openblas(argv: list[str]) -> None:
-    """Replace this process by the same command with OpenBLAS interposed (never returns)."""
-    env = dict(os.environ, LD_PRELOAD=OPENBLAS, OPENBLAS_NUM_THREADS=os.environ.get("OPENBLAS_NUM_THREADS", "1"))
-    env[_REEXEC_MARK] = "1"
-    print(f"[demo] re-running with LD_PRELOAD={OPENBLAS} OPENBLAS_NUM_THREADS={env['OPENBLAS_NUM_THREADS']} "
-          "(the bandwidth-bound configuration; --blas bundled keeps mlx's own BLAS)", file=sys.stderr, flush=True)
-    os.execve(sys.executable, [sys.executable, "-m", "reference", *argv], env)
 
 
 def load_model(model: str | None, dtype: str | None = None):
@@ -149,7 +116,7 @@ DEMO_PROMPTS = (
 
 
 def _generate(model, prompt: list[int], max_tokens: int, eos: set[int], *, spec: bool, draft_max, drafter,
-              stats, desc: str):
+              stats, desc: str, draft_policy=None):
     """Greedy tokens (EOS included), seconds, and the plain run's logprobs; progress on stderr."""
     from mlx_lm.generate import generate_step
     from mlx_lm.sample_utils import make_sampler
@@ -163,7 +130,8 @@ def _generate(model, prompt: list[int], max_tokens: int, eos: set[int], *, spec:
         t0 = time.perf_counter()
         if spec:
             steps = ngram_speculative_generate_step(mx.array(prompt), model, max_tokens=max_tokens, sampler=sampler,
-                                                    draft_max=draft_max, drafter=drafter, stats=stats)
+                                                    draft_max=draft_max, drafter=drafter, stats=stats,
+                                                    draft_policy=draft_policy)
         else:
             steps = ((t, lp, False) for t, lp in generate_step(mx.array(prompt), model, max_tokens=max_tokens,
                                                               sampler=sampler))
@@ -193,18 +161,20 @@ def _divergence(plain: list[int], spec: list[int], plain_logprobs) -> dict | Non
 def demo_records(model, tokenizer, prompts=DEMO_PROMPTS, *, max_tokens: int = 96, draft_max=None,
                  log=print) -> list[dict]:
     """Run every prompt plain and speculative; one record per prompt (see ``demo --json``)."""
+    from mlx_backend.draft_policy import DraftPolicy, learned_costs
     from mlx_backend.generate import SpecStats, default_drafter
-    from mlx_backend.draft_policy import measure_verify_cost
 
     eos = set(tokenizer.eos_token_ids)
     if draft_max is None:
-        log("[demo] measuring the verify cost of S = 1..9 tokens (once per model and machine) ...")
-        costs = measure_verify_cost(model)
-        log("[demo] verify cost relative to one token: " + " ".join(f"{c / costs[0]:.2f}" for c in costs))
-    # warm up both paths (graph building, allocation) outside the timings
-    warm = prompt_tokens(tokenizer, "Hi")
+        log(describe_costs(model, "[demo] draft length: cost-aware; "))
+    # warm up both paths (graph building, allocation) outside the timings; with the cost-aware draft
+    # length the warm-up drafts from the start (acceptance prior 1), so it also times verify forwards:
+    # even on a first run the first prompt starts with learned costs
+    warm = prompt_tokens(tokenizer, "Repeat exactly: red, green, blue, red, green, blue, red, green, blue")
     _generate(model, warm, 4, eos, spec=False, draft_max=None, drafter=None, stats=None, desc="warm-up")
-    _generate(model, warm, 4, eos, spec=True, draft_max=draft_max, drafter=None, stats=SpecStats(), desc="warm-up")
+    policy = DraftPolicy(step_costs=learned_costs(model), prior=1.0) if draft_max is None else None
+    _generate(model, warm, 16, eos, spec=True, draft_max=draft_max, drafter=None, stats=SpecStats(), desc="warm-up",
+              draft_policy=policy)
     records = []
     for n, p in enumerate(prompts, 1):
         ids = prompt_tokens(tokenizer, p.text)
@@ -225,7 +195,24 @@ def demo_records(model, tokenizer, prompts=DEMO_PROMPTS, *, max_tokens: int = 96
             "draft_lengths": {str(k): v for k, v in sorted(stats.draft_lengths.items())},
             "plain_text": tokenizer.decode([t for t in plain if t not in eos]),
         })
+    if draft_max is None:
+        log(describe_costs(model, "[demo] "))
     return records
+
+
+def describe_costs(model, prefix: str = "") -> str:
+    """One line: the verify costs c(S)/c(1) learned so far for ``model`` on this machine, and where they are kept."""
+    from mlx_backend.draft_policy import cost_file, learned_costs
+
+    learned = learned_costs(model)
+    estimate = learned.estimate()
+    timed = {S: len(v) for S, v in sorted(learned.samples.items()) if S > 0}
+    if estimate is None or not timed:
+        return (f"{prefix}verify costs not known yet for this model and machine: learned from the real steps "
+                f"while generating (no separate measurement), kept in {cost_file()}")
+    costs, c_p = estimate
+    return (f"{prefix}verify cost c(S)/c(1), S = 1..{len(costs)}: " + " ".join(f"{c / costs[0]:.2f}" for c in costs)
+            + f"; plain step {c_p * 1e3:.0f} ms (timed S: {timed}; kept in {cost_file()})")
 
 
 def format_table(records: list[dict]) -> str:
@@ -247,15 +234,8 @@ def run_demo(args) -> int:
         raise ValueError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     if args.draft_max is not None and args.draft_max < 1:
         raise ValueError(f"--draft-max must be at least 1 (omit it for the cost-aware choice), got {args.draft_max}")
-    if sys.platform.startswith("linux") and args.blas != "bundled" and blas_in_use().startswith("reference") \
-            and not os.environ.get(_REEXEC_MARK):
-        if os.path.exists(OPENBLAS) and sys.argv[1:2] == ["demo"]:  # only when this process is `ngram-spec demo`
-            _reexec_with_openblas(sys.argv[1:])
-        if args.blas == "openblas":
-            raise FileNotFoundError(f"{OPENBLAS} not found; install it with: apt-get install libopenblas0-pthread")
-        print("[demo] note: mlx's bundled reference BLAS makes every verified token cost a full forward here; "
-              "for the bandwidth-bound configuration install OpenBLAS (apt-get install libopenblas0-pthread)",
-              file=sys.stderr)
+    if sys.argv[1:2] == ["demo"]:  # only when this process is `ngram-spec demo` (not called in-process)
+        ensure_fast_blas(sys.argv[1:], args.blas)
     log = (lambda msg: print(msg, file=sys.stderr, flush=True))
     log(f"[demo] loading the model (BLAS: {blas_in_use()}) ...")
     model, tokenizer, desc = load_model(args.model, args.dtype)
@@ -280,6 +260,15 @@ def run_demo(args) -> int:
 PREFILL_STEP_SIZE = 2048  # prompt tokens per prefill forward, both modes (mlx_lm.generate's default)
 
 
+def _warm_drafter() -> None:
+    """Import the n-gram drafter and run it once, so that its compiled loops are loaded."""
+    from mlx_backend.generate import default_drafter
+
+    drafter = default_drafter()
+    drafter.reset([0, 1, 0, 1])
+    drafter.draft(2)
+
+
 def run_generate(args) -> int:
     """``ngram-spec generate --backend mlx`` (the parser and the argument checks are reference/cli/model.py's)."""
     import math
@@ -294,11 +283,15 @@ def run_generate(args) -> int:
     from reference.cli.model import generation_record
     from reference.ours_file import check_file_tokenizer
 
+    if sys.argv[1:2] == ["generate"]:  # only when this process is `ngram-spec generate` (not called in-process)
+        ensure_fast_blas(sys.argv[1:], getattr(args, "blas", None))
     dtype = None if args.dtype in (None, "auto") else args.dtype
     if dtype == "float64":
         raise ValueError("--dtype float64 is for --backend reference; mlx takes quantized, float32, float16, bfloat16")
     if args.seed is not None:
         mx.random.seed(args.seed)
+    if not args.no_spec:   # the drafter's compiled loops (numba, ~2.5 s) load while the model loads
+        threading.Thread(target=_warm_drafter, daemon=True).start()
     shard = None
     if getattr(args, "shard", None):   # under mlx.launch: see mlx_backend/distributed.py
         from mlx_backend.distributed import cli_run
@@ -353,6 +346,8 @@ def run_generate(args) -> int:
     if drafter is not None and args.dynamic and (shard is None or shard.rank == 0):
         save_dynamic(args.dynamic, c_dyn, drafter.c_ctx)
         print(f"saved the dynamic cache to {args.dynamic}", file=sys.stderr)
+    if not args.no_spec and args.draft_max is None:
+        print(describe_costs(model, "[generate] draft length: cost-aware; "), file=sys.stderr)
     if args.no_spec:   # mlx-lm's generate_step: the prompt but its last token in chunks, then one step a token
         stats = SpecStats(steps=n_emitted, n_forward=n_emitted + math.ceil((len(prompt) - 1) / PREFILL_STEP_SIZE))
     draft_max, policy = ((0, "none") if args.no_spec else (DEFAULT_K_MAX, "auto") if args.draft_max is None
@@ -400,11 +395,12 @@ def register(subparsers) -> None:
                         "where it is the fastest, quantized on a GPU)")
     p.add_argument("--max-tokens", type=int, default=96, help="new tokens per prompt (default: %(default)s)")
     p.add_argument("--draft-max", type=int, default=None, metavar="K",
-                   help="draft exactly up to K tokens per step (default: the cost-aware choice, from the measured "
+                   help="draft exactly up to K tokens per step (default: the cost-aware choice, from the learned "
                         "verify cost and the tracked acceptance)")
-    p.add_argument("--blas", choices=("auto", "openblas", "bundled"), default="auto",
-                   help="auto (default): on Linux re-run with OpenBLAS interposed (LD_PRELOAD) if it is installed; "
-                        "openblas: require it; bundled: keep mlx's reference BLAS")
+    p.add_argument("--blas", choices=BLAS_CHOICES, default=None,
+                   help="Linux x86-64: re-run with an optimized BLAS interposed (LD_PRELOAD). auto (default, or "
+                        "$NGRAM_SPEC_BLAS): the system's OpenBLAS if installed, else the cmeel-openblas wheel's; "
+                        "system / wheel: require that one; bundled: keep mlx's reference BLAS")
     p.add_argument("--show-text", action="store_true", help="also print each prompt's generated text")
     p.add_argument("--json", action="store_true",
                    help="one JSON record per prompt: plain_tok_s, spec_tok_s, speedup, accept (percent), tokens_per_forward, "

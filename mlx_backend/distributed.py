@@ -51,7 +51,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.generate import generation_stream
 
-from mlx_backend.draft_policy import DEFAULT_K_MAX, DraftPolicy, measure_pipelining, measure_verify_cost
+from mlx_backend.draft_policy import DEFAULT_K_MAX, DraftPolicy, measure_verify_cost
 from mlx_backend.generate import SpecStats, default_drafter, ngram_speculative_generate_step
 from mlx_backend.sampling import greedy
 
@@ -296,9 +296,7 @@ class ShardedRun:
         """The cost-aware policy on rank 0's measured costs (every rank measures, in lockstep)."""
         self.watchdog.beat()
         costs = measure_verify_cost(_Beating(model, self.watchdog), DEFAULT_K_MAX + 1, gdn_path=gdn_path)
-        ratio = measure_pipelining(_Beating(model, self.watchdog))
-        *costs, ratio = broadcast_floats(list(costs) + [ratio], self.group)
-        return DraftPolicy(costs, plain_cost=costs[0] * ratio)
+        return DraftPolicy(broadcast_floats(list(costs), self.group))   # fixed costs: no per-rank learning
 
     def spec_kwargs(self, model: nn.Module, *, sampler=None, draft_max: Optional[int] = None, drafter=None,
                     c_st=None, c_dyn=None, draft_policy: Optional[DraftPolicy] = None,

@@ -19,8 +19,7 @@ from mlx_lm.generate import GenerationResponse, generation_stream
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from mlx_backend.draft_policy import (DEFAULT_K_MAX, DraftPolicy, FixedDraftLength, measure_pipelining,
-                                      measure_verify_cost)
+from mlx_backend.draft_policy import DEFAULT_K_MAX, DraftPolicy, FixedDraftLength, learned_costs, save_costs
 from mlx_backend.rollback import VerifyCache
 from mlx_backend.sampling import greedy, verify_drafts
 from reference.speculative import in_vocab
@@ -154,13 +153,14 @@ def ngram_speculative_generate_step(
     verifier = VerifyCache(model, cache, gdn_path) if draft_max != 0 else None
     if drafter is None and draft_max != 0:
         drafter = default_drafter(c_st, c_dyn)
+    learned = None   # the step costs this run learns from its own timed steps, kept for later runs
     if draft_max is not None:
         policy = FixedDraftLength(draft_max)
     elif draft_policy is not None:
         policy = draft_policy
     else:
-        costs = measure_verify_cost(model, DEFAULT_K_MAX + 1, gdn_path=gdn_path)
-        policy = DraftPolicy(costs, plain_cost=costs[0] * measure_pipelining(model))
+        learned = learned_costs(model, DEFAULT_K_MAX + 1, gdn_path)
+        policy = DraftPolicy(step_costs=learned)
     stats.policy = policy.summary()
     history = list(prompt_ids)     # every token so far; the last one is the next step's input
 
@@ -222,12 +222,14 @@ def ngram_speculative_generate_step(
                 stats.draft_lengths[k] = stats.draft_lengths.get(k, 0) + 1
                 if k > 0 or not policy.pipelined:   # [last, d1..dk] in one forward, then cut back
                     drafts = proposal[:k]
+                    t_step = time.perf_counter()
                     logits = verifier.forward(history[-1:] + drafts)
                     emitted, logprobs, n_accept = verify_drafts(logits, drafts, sampler,
                                                                 logits_processors, history)
                     t0 = time.perf_counter()
                     verifier.keep(1 + n_accept)
                     stats.t_rollback += time.perf_counter() - t0
+                    policy.observe_cost(1 + k, time.perf_counter() - t_step)
                     stats.n_drafted += k
                     stats.n_accept += n_accept
                     learn(proposal, emitted)
@@ -238,6 +240,7 @@ def ngram_speculative_generate_step(
                     continue
                 # plain mode: one-token steps, each launched before the previous token is read
                 stats.enter_plain += 1
+                t_last = None   # c_p is timed token to token; the run's first step also pays for what came before
                 token, logprobs = plain_step(mx.array(history[-1:], mx.uint32), history[:-1])
                 while True:
                     # `token` (the n_out + 1-th) is in flight; proposal[0] is the drafter's guess of it
@@ -247,6 +250,9 @@ def ngram_speculative_generate_step(
                         next_token, next_logprobs = plain_step(token, history)
                         stats.draft_lengths[0] += 1
                     t = token.item()
+                    if t_last is not None:
+                        policy.observe_cost(0, time.perf_counter() - t_last)
+                    t_last = time.perf_counter()
                     stats.plain_steps += 1
                     learn(proposal, [t])
                     stats.t_total = time.perf_counter() - t_start
@@ -262,6 +268,8 @@ def ngram_speculative_generate_step(
         stats.t_total = time.perf_counter() - t_start
         if verifier is not None:
             verifier.close()
+        if learned is not None:
+            save_costs(learned)
 
 
 def stream_generate(model: nn.Module, tokenizer, prompt, max_tokens: int = 256,

@@ -47,6 +47,7 @@ from mlx_lm.generate import stream_generate as plain_stream_generate
 from mlx_lm.models.cache import LRUPromptCache
 
 from mlx_backend.api import HashTable, as_table, load_cache
+from mlx_backend.blas import CHOICES as BLAS_CHOICES, ensure_fast_blas
 from mlx_backend.dynamic_cache import load_dynamic, save_dynamic
 from mlx_backend.generate import SpecStats, default_drafter, stream_generate as spec_stream_generate
 
@@ -594,6 +595,8 @@ def run_serve(args) -> int:
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
     logging.basicConfig(level=getattr(logging, args.log_level), format="%(asctime)s - %(levelname)s - %(message)s")
+    if sys.argv[1:2] == ["serve"]:  # only when this process is `ngram-spec serve` (not called in-process)
+        ensure_fast_blas(sys.argv[1:], args.blas)
     speculator = NgramSpeculator(draft_max=args.draft_max, speculative=not args.no_spec, static=args.static,
                                  dynamic=args.dynamic, scope=args.dynamic_scope, save_every=args.save_every)
     dtype = None if args.dtype in (None, "auto") else args.dtype
@@ -603,13 +606,6 @@ def run_serve(args) -> int:
         raise ValueError(f"{desc}: the model has no attention layer; ngram-spec serve needs one to track its cache")
     args.model_id = Path(args.model).name if args.model else "SmolLM2-135M-Instruct"
     n_ctx = args.ctx_size or context_length(model)
-    if speculator.speculative and speculator.draft_max is None:
-        from mlx_backend.draft_policy import measure_pipelining, measure_verify_cost
-
-        log.info("measuring the verify cost of S = 1..9 tokens (once per model and machine) ...")
-        costs = measure_verify_cost(model)
-        measure_pipelining(model)
-        log.info("verify cost relative to one token: %s", " ".join(f"{c / costs[0]:.2f}" for c in costs))
     if speculator.speculative:  # compile the drafter's loops now rather than in the first request
         warm = speculator.drafter(None, [], set())
         warm.reset([1, 2, 1])
@@ -686,6 +682,8 @@ def register(subparsers) -> None:
                    help="maximum number of distinct prompt caches kept for reuse (default: %(default)s)")
     p.add_argument("--prompt-cache-bytes", type=mlx_server._parse_size, default=None,
                    help="maximum size in bytes of the kept prompt caches")
+    p.add_argument("--blas", choices=BLAS_CHOICES, default=None,
+                   help="Linux x86-64: the BLAS to re-run with, as for `generate` (default: $NGRAM_SPEC_BLAS or auto)")
     p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
                    help="logging level (default: %(default)s)")
     p.set_defaults(func=run_serve)

@@ -38,7 +38,7 @@ TARGETS = {  # the issue's targets (2 cores)
 
 
 def blas() -> str:
-    from mlx_backend.cli import blas_in_use
+    from mlx_backend.blas import blas_in_use
 
     return blas_in_use()
 

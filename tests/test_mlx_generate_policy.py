@@ -1,6 +1,7 @@
 """The cost-aware draft-length policy: its choice maximises E(n)/c(n+1) (a plain step valued at the
 pipelined cost c_p), it leaves plain mode by the stated rule, it learns acceptance from unverified
-proposals too, and the cost measurements are made once and can persist."""
+proposals too, and the step costs are learned from the real steps, kept for later runs, and any
+explicit measurement fits the model's attention window."""
 from __future__ import annotations
 
 import json
@@ -10,7 +11,7 @@ import mlx.core as mx
 from hypothesis import given, settings, strategies as st
 
 from mlx_backend import draft_policy
-from mlx_backend.draft_policy import DraftPolicy, measure_pipelining, measure_verify_cost, model_key
+from mlx_backend.draft_policy import DraftPolicy, StepCosts, learned_costs, measure_verify_cost, model_key
 from mlx_backend.generate import SpecStats, ngram_speculative_generate_step
 from mlx_backend.tiny_mlx import tiny_model
 
@@ -76,19 +77,92 @@ def test_unverified_proposals_still_teach_acceptance():
     policy.observe([0, 0], [9])   # a miss at position 1; the previous proposal's position 2 was right
     assert policy.accept[0] < 0.6 and policy.accept[1] > 0.95
 
-def test_measurement_is_cached_in_memory_and_file(tmp_path, monkeypatch):
+@settings(max_examples=60, deadline=None)
+@given(c_p=st.floats(0.01, 1), c1=st.floats(1, 1.5), slope=st.floats(0, 2),
+       timed=st.lists(st.integers(2, 9), min_size=1, max_size=3, unique=True))
+def test_linear_costs_are_recovered_from_two_timed_sizes(c_p, c1, slope, timed):
+    """Costs linear in S, c(S) = c_p (c1 + slope (S - 1)), timed at S = 1 and a few other sizes
+    (in any order, each after a plain step): the estimate is the whole line, timed or not."""
+    costs = StepCosts(9)
+    for S in [1, *timed]:
+        costs.add(0, c_p)
+        costs.add(S, c_p * (c1 + slope * (S - 1)))
+    estimate, plain = costs.estimate()
+    assert math.isclose(plain, c_p)
+    for S, c in enumerate(estimate, 1):
+        assert math.isclose(c, c_p * (c1 + slope * (S - 1)), rel_tol=1e-9), (S, c)
+
+
+@settings(max_examples=60, deadline=None)
+@given(samples=st.dictionaries(st.integers(1, 9), st.lists(st.floats(0.5, 10), min_size=1, max_size=5), max_size=9))
+def test_estimate_never_decreases_and_keeps_ordered_medians(samples):
+    import statistics
+
+    costs = StepCosts(9)
+    costs.add(0, 1.0)
+    for S, values in samples.items():
+        for v in values:
+            costs.add(0, 1.0)
+            costs.add(S, v)
+    estimate, plain = costs.estimate()
+    assert plain == 1.0 and all(a <= b + 1e-12 for a, b in zip(estimate, estimate[1:]))
+    medians = {S: statistics.median(v) for S, v in samples.items()}
+    ordered = [medians.get(1, 1.0)] + [medians[S] for S in sorted(medians) if S > 1]
+    if all(a <= b for a, b in zip(ordered, ordered[1:])):            # nothing to pool: timed sizes as measured
+        assert all(math.isclose(estimate[S - 1], m) for S, m in medians.items())
+
+
+def test_costs_before_any_timed_step():
+    costs = StepCosts(9)
+    assert costs.estimate() is None
+    policy = DraftPolicy(step_costs=costs, prior=1.0)
+    assert policy.choose(8) == 0 and not policy.leave_plain(8)       # nothing known: plain steps
+    costs.add(4, 0.5)                                                # a verify with no c_p to relate to
+    assert costs.estimate() is None
+    policy.observe_cost(0, 0.1)                                      # one plain step: prior slope
+    assert [round(c / 0.1, 6) for c in policy.costs] == [1 + draft_policy.PRIOR_SLOPE * i for i in range(9)]
+    assert policy.choose(8) > 0                                      # acceptance 1: drafting pays
+
+
+def test_learned_costs_are_kept_for_later_runs(tmp_path, monkeypatch):
     model = tiny_model("llama", seed=9)
-    path = tmp_path / "costs.json"
+    monkeypatch.setenv("NGRAM_SPEC_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(draft_policy, "_COSTS", {})
-    costs = measure_verify_cost(model, 4, reps=1, cache_file=path)
-    assert len(costs) == 4 and all(c > 0 for c in costs)
-    assert measure_verify_cost(model, 4) is costs                      # in memory
-    assert json.loads(path.read_text())[model_key(model, 4)] == costs  # on disk
-    monkeypatch.setattr(draft_policy, "_COSTS", {})
-    assert measure_verify_cost(model, 4, cache_file=path) == costs     # read back, not re-measured
-    ratio = measure_pipelining(model, steps=4, reps=1, cache_file=path)
-    assert ratio > 0 and measure_pipelining(model) == ratio
-    assert json.loads(path.read_text())[model_key(model, "pipelining")] == ratio
+    stats = SpecStats()
+    list(ngram_speculative_generate_step(mx.array([1, 2, 3, 1, 2, 3, 1, 2]), model, max_tokens=12, stats=stats))
+    learned = learned_costs(model)
+    # every step timed but the first of each plain run (and a verify step before any c_p), then saved
+    timed = sum(map(len, learned.samples.values()))
+    assert stats.plain_steps - stats.enter_plain <= timed <= stats.steps - stats.enter_plain
+    assert learned.samples[0] and learned.n_new == 0 and 1 not in learned.samples
+    stored = json.loads((tmp_path / "step-costs.json").read_text())
+    assert stored[learned.key] == {str(S): v for S, v in learned.samples.items()}
+    assert learned.key == model_key(model, [9, None])
+    monkeypatch.setattr(draft_policy, "_COSTS", {})                  # a new process
+    again = learned_costs(model)
+    assert again is not learned and again.samples == learned.samples and again.estimate() == learned.estimate()
+
+
+def test_measurement_fits_the_attention_window(monkeypatch):
+    """A model whose caches rotate after 20 tokens: 32 context tokens plus a verify of 9 would not fit."""
+    from mlx_lm.models.cache import RotatingKVCache
+
+    model = tiny_model("llama", seed=9)
+    caches = []
+
+    def windowed(model):
+        caches[:] = [RotatingKVCache(max_size=20) for _ in model.layers]
+        return caches
+    monkeypatch.setattr(draft_policy, "make_prompt_cache", windowed)
+    costs = measure_verify_cost(model, 9, reps=1, context=32)
+    assert len(costs) == 9 and all(c > 0 for c in costs)
+    assert caches[0].offset == 20 - 9                                # context cut so that 11 + 9 <= 20
+    try:
+        measure_verify_cost(model, 20, reps=1)
+    except ValueError as exc:
+        assert "window of 20 tokens" in str(exc)
+    else:
+        raise AssertionError("a verify of 20 tokens cannot fit a window of 20")
 
 
 def test_stats_show_the_policy():
