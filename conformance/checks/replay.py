@@ -97,3 +97,24 @@ def replay_follows_the_rules(impl, streams, n_ctx, n_draft):
     assert problem is None, problem
     _compare_totals(stats, {"n_chunks": want.n_chunks, "n_draft_calls": len(want.calls),
                             "n_drafted": want.n_drafted, "n_accept": want.n_accept}, what)
+
+
+@check("replay", needs=("replay",))
+def replay_past_2_16_tokens(impl):
+    """A replay of 70,001 tokens in 20 chunks (positions past 2^16, the dynamic cache growing over them)
+    follows lookup-stats' rules, call for call."""
+    import numpy as np
+
+    rng = np.random.default_rng(11)
+    period = rng.integers(0, 2**31 - 1, 23).tolist()
+    stream = [period[i % len(period)] for i in range(70_001)]
+    for i in rng.integers(0, len(stream), 400).tolist():  # substitutions: rejected drafts everywhere
+        stream[i] = period[i % 7]
+    n_ctx, n_draft = 3_500, 16
+    want = oracle.replay(stream, n_ctx, n_draft)
+    stats, calls = _replay(impl, stream, n_ctx, n_draft, None, None)
+    what = f"replay of the fixed 70,001-token stream of replay_past_2_16_tokens, n_ctx={n_ctx}, n_draft={n_draft}"
+    problem = golden.first_difference(calls, [golden.dump_line(p, d) for p, d in want.calls], what)
+    assert problem is None, problem
+    _compare_totals(stats, {"n_chunks": want.n_chunks, "n_draft_calls": len(want.calls),
+                            "n_drafted": want.n_drafted, "n_accept": want.n_accept}, what)

@@ -62,7 +62,8 @@ def pick_temperature(impl, model, prompt) -> float:
 
 @check("sampling", needs=SAMPLING)
 def drafts_do_not_change_the_distribution(impl):
-    """At temperature > 0, the first token with a draft offered, and the token after an accepted draft, follow p."""
+    """At temperature > 0, every emitted token follows p: the first with a draft offered, the one after an
+    accepted draft, and the bonus token after all drafts were accepted."""
     arch, prompt = "qwen3_5", [72, 101, 108, 108, 111]
     model = models.load(impl, arch, 0)
     T = pick_temperature(impl, model, prompt)
@@ -71,14 +72,18 @@ def drafts_do_not_change_the_distribution(impl):
     p2 = probs(impl, model, prompt + [d1], T)
     d2 = int(np.argmax(p2))
     second1 = int(np.argsort(p1)[-2])
+    p3 = probs(impl, model, prompt + [d1, d2], T)  # the bonus token's law once d1 and d2 are both accepted
+    d3 = int(np.argmax(p3))
     for label, drafter_of in (("plain sampling", lambda: None), ("drafts [d1, d2]", lambda: FixedDrafter([d1, d2]))):
-        firsts, seconds = Counter(), Counter()
+        firsts, seconds, thirds = Counter(), Counter(), Counter()
         for seed in range(N_SAMPLES):
             out = [int(t) for t in impl.sample_step(model, prompt, 3, temperature=T, seed=seed,
                                                     drafter=drafter_of(), draft_max=2)]
             firsts[out[0]] += 1
             if out[0] == d1 and len(out) > 1:
                 seconds[out[1]] += 1
+            if out[:2] == [d1, d2] and len(out) > 2:
+                thirds[out[2]] += 1
         pv, table = chi_square_p_value(firsts, p1, [[d1], [second1]])
         assert pv >= P_FAIL, (
             f"{label} on tiny {arch}, prompt {prompt}, temperature {T}: the first token's counts "
@@ -89,3 +94,9 @@ def drafts_do_not_change_the_distribution(impl):
             assert pv >= P_FAIL, (
                 f"{label} on tiny {arch}, prompt {prompt}, temperature {T}: after d1={d1}, the second "
                 f"token's counts (observed, expected) for [d2={d2}, others] are {table}; chi-square p = {pv:.2g}")
+        if sum(thirds.values()) >= 30:
+            pv, table = chi_square_p_value(thirds, p3, [[d3]])
+            assert pv >= P_FAIL, (
+                f"{label} on tiny {arch}, prompt {prompt}, temperature {T}: after d1={d1}, d2={d2} (both drafts "
+                f"accepted), the bonus token's counts (observed, expected) for [d3={d3}, others] are {table}; "
+                f"chi-square p = {pv:.2g}")

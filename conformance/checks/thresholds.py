@@ -84,3 +84,18 @@ def golden_dense_ties(impl):
     """On a uniform 3-token stream, drafts equal llama.cpp's (first chunk of case s1, where 8 % of the evaluated levels tie)."""
     vectors.load_case("s1-syn-v3-nostatic-c4096-d16")
     golden_first_chunks(impl, ["s1-syn-v3-nostatic-c4096-d16"])
+
+
+@check("thresholds", needs=("NgramDrafter", "load_cache"))
+def scores_past_32_bits(impl):
+    """Scores c * 100 * c_st(y) are exact past 2^31 (static counts 2^24 and 2^25): the follower with the
+    larger static count wins, as in the exact rules (llama.cpp's int32 product is replay's score="int32")."""
+    from conformance import golden, oracle
+
+    seq = [1, 2, 4, 1, 2, 3, 1, 2]
+    c_st = {(1, 2): {3: 2**24, 4: 2**25}, (2, 4): {1: 2**31 - 1}, (2, 3): {1: 2**31 - 1}}
+    drafter = impl.NgramDrafter(c_st=golden.to_backend(impl, c_st))
+    drafter.reset(seq)
+    got, want = [int(t) for t in drafter.draft(3)], oracle.draft(seq, 3, oracle.counts(seq), None, c_st)
+    assert got == want, (f"draft(3) after {seq} with the static cache {c_st}: the rules draft {want} (score of 4 = "
+                         f"1 * 100 * 2^25 > 2^31), the backend drafted {got}")
