@@ -7,8 +7,6 @@ is the mutant's doing and not the suite's.
 from __future__ import annotations
 
 import importlib.util
-from types import SimpleNamespace
-
 import pytest
 
 from conformance.backend import Backend, resolve
@@ -39,9 +37,20 @@ def run_on_its_own(backend_name, check_id):
     key = (backend_name, needs)
     if key not in _CUT_DOWN:  # kept alive: conformance.models caches loaded models by id(backend)
         impl = resolve(backend_name).impl
-        _CUT_DOWN[key] = Backend(f"{backend_name} ({', '.join(needs)} only)",
-                                 SimpleNamespace(**{n: getattr(impl, n) for n in needs}))
+        _CUT_DOWN[key] = Backend(f"{backend_name} ({', '.join(needs)} only)", Only(impl, needs))
     return run_suite(_CUT_DOWN[key], [check], Options(seed=SEED, examples=EXAMPLES)).results[0]
+
+
+class Only:
+    """``impl`` showing only the members ``names``, read when used (so a mutant's patch is seen)."""
+
+    def __init__(self, impl, names):
+        self._impl, self._names = impl, set(names)
+
+    def __getattr__(self, name):
+        if name in self._names:
+            return getattr(self._impl, name)
+        raise AttributeError(name)
 
 
 _CUT_DOWN: dict = {}
