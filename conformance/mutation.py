@@ -50,7 +50,23 @@ EQUIVALENT: dict[tuple[str, str], str] = {
         "lax a_4 = 1 -> 0: a level is consulted only for an n-gram in the cache, whose count sum is >= 1",
     ("reference/draft.py", "LAX = Thresholds(a_n=(2, 2, 0, 1), p_n=(66, 50, 50, 50))  # context cache"):
         "lax a_3 = 1 -> 0: a level is consulted only for an n-gram in the cache, whose count sum is >= 1",
+    ("reference/draft.py", "y_best = min(part_st, key=lambda y: (~part_st[y], y))"):
+        "~c = -c - 1 orders the counts as -c does",
 }
+ANNOTATION = "an annotation, never evaluated (from __future__ import annotations)"
+
+
+def annotation_spans(module: str) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """``(start, end)`` (line, column) of every annotation in ``module``: mutants inside are equivalent."""
+    import ast
+
+    spans = []
+    for node in ast.walk(ast.parse((ROOT / module).read_text())):
+        note = (node.annotation if isinstance(node, (ast.arg, ast.AnnAssign))
+                else node.returns if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else None)
+        if note is not None:
+            spans.append(((note.lineno, note.col_offset), (note.end_lineno, note.end_col_offset)))
+    return spans
 
 
 def config_text(module: str, backend: str, areas, seed: int, timeout: float) -> str:
@@ -84,10 +100,11 @@ def tally(session: Path, module: str) -> dict:
     """killed / survived / equivalent / pending counts of ``module``'s session, and the survivors."""
     from cosmic_ray.work_db import WorkDB, use_db
 
-    out = {"killed": 0, "survived": 0, "equivalent": 0, "pending": 0, "survivors": []}
+    out = {"killed": 0, "survived": 0, "equivalent": 0, "pending": 0, "survivors": [], "equivalents": []}
     _, db = session_paths(session, module)
     if not db.exists():
         return out
+    annotations = annotation_spans(module)
     with use_db(str(db), WorkDB.Mode.open) as work_db:
         out["pending"] = sum(1 for _ in work_db.pending_work_items)
         for item, result in work_db.completed_work_items:
@@ -97,26 +114,32 @@ def tally(session: Path, module: str) -> dict:
             added = next((line[1:].strip() for line in changed if line.startswith("+")), "")
             if result.is_killed:
                 out["killed"] += 1
-            elif (module, added) in EQUIVALENT:
-                out["equivalent"] += 1
             else:
-                out["survived"] += 1
-                out["survivors"].append(f"{module}:{spec.start_pos[0]} {spec.operator_name}: "
-                                        + " / ".join(line.strip() for line in changed))
+                where = f"{module}:{spec.start_pos[0]} {spec.operator_name}: " + " / ".join(l.strip() for l in changed)
+                reason = EQUIVALENT.get((module, added)) or (
+                    ANNOTATION if any(a <= tuple(spec.start_pos) < b for a, b in annotations) else None)
+                if reason:
+                    out["equivalent"] += 1
+                    out["equivalents"].append(f"{where} ({reason})")
+                else:
+                    out["survived"] += 1
+                    out["survivors"].append(where)
     return out
 
 
 def report(session: Path, modules) -> str:
     lines = ["| module | killed | survived | equivalent | not run | killed / non-equivalent |",
              "|---|---|---|---|---|---|"]
-    survivors = []
+    survivors, equivalents = [], []
     for module in modules:
         t = tally(session, module)
         done = t["killed"] + t["survived"]
         rate = f"{100 * t['killed'] / done:.0f} %" if done else "-"
         lines.append(f"| `{module}` | {t['killed']} | {t['survived']} | {t['equivalent']} | {t['pending']} | {rate} |")
         survivors += t["survivors"]
-    return "\n".join(lines + ["", "survivors:"] + [f"  {s}" for s in survivors or ["none"]])
+        equivalents += t["equivalents"]
+    return "\n".join(lines + ["", "survivors:"] + [f"  {s}" for s in survivors or ["none"]]
+                     + ["", "equivalent:"] + [f"  {s}" for s in equivalents or ["none"]])
 
 
 def main(argv=None) -> int:
