@@ -22,3 +22,13 @@ def test_the_test_command_is_the_default_run_of_the_areas_at_a_fixed_seed():
 def test_report_of_a_session_with_nothing_run(tmp_path):
     table = mutation.report(tmp_path, ["reference/draft.py"])
     assert "| `reference/draft.py` | 0 | 0 | 0 | 0 | - |" in table and "none" in table
+
+
+def test_mutants_inside_annotations_are_found_and_nothing_else():
+    source = (mutation.ROOT / "reference/draft.py").read_text().splitlines()
+    spans = mutation.annotation_spans("reference/draft.py")
+    line = next(i for i, text in enumerate(source, 1) if text.startswith("def draft("))
+    col = source[line - 1].index("| None")
+    assert any(a <= (line, col) < b for a, b in spans)  # the | of "c_dyn: NgramCache | None"
+    body = next(i for i, text in enumerate(source, 1) if "y_best = min(part_st" in text)
+    assert not any(a[0] <= body <= b[0] for a, b in spans)
