@@ -125,3 +125,17 @@ def dynamic_thresholds_at_the_boundary(impl):
             assert got == want, (f"draft(1) after {seq} with the dynamic cache {c_dyn} (level n = {n}: strict "
                                  f"a_{n} = {oracle.STRICT[0][n - 1]}, p_{n} = {oracle.STRICT[1][n - 1]} %): the rules "
                                  f"draft {want}, the backend drafted {got}")
+
+
+@check("thresholds", needs=("NgramDrafter", "load_cache"))
+def followers_outside_the_static_cache_weigh_1(impl):
+    """A follower the static cache does not know weighs exactly 1: seen 60 times (score 60) it loses to one
+    seen once with static count 1 (score 100), whose 1/61 share then fails p_n, so nothing is drafted."""
+    from conformance import golden, oracle
+
+    seq, c_st = [1, 2, 3] * 60 + [1, 2, 4, 1, 2], {(1, 2): {4: 1}}
+    drafter = impl.NgramDrafter(c_st=golden.to_backend(impl, c_st))
+    drafter.reset(seq)
+    got, want = [int(t) for t in drafter.draft(3)], oracle.draft(seq, 3, oracle.counts(seq), None, c_st)
+    assert got == want, (f"draft(3) after [1, 2, 3] * 60 + [1, 2, 4, 1, 2] with the static cache {c_st}: the rules "
+                         f"draft {want} (w(3) = 1, w(4) = 100), the backend drafted {got}")
