@@ -52,6 +52,12 @@ EQUIVALENT: dict[tuple[str, str], str] = {
         "lax a_3 = 1 -> 0: a level is consulted only for an n-gram in the cache, whose count sum is >= 1",
     ("reference/draft.py", "y_best = min(part_st, key=lambda y: (~part_st[y], y))"):
         "~c = -c - 1 orders the counts as -c does",
+    ("reference/draft.py", "return (x - 2**31) % 2**32 - 2**31"): "-2^31 and +2^31 are equal modulo 2^32",
+    ("reference/draft.py", "ngrams = [tuple(window[-n:]) if n <= L else None for n in range(LLAMA_NGRAM_MIN, "
+                           "LLAMA_NGRAM_MAX ^ 1)]"): "4 ^ 1 = 5 = 4 + 1",
+    ("reference/draft.py", "window = window[1:] + [y] if len(window) is LLAMA_NGRAM_MAX else window + [y]"):
+        "CPython keeps one object per small int, so len(window) is 4 exactly when it equals 4",
+    ("reference/draft.py", "c_st = part_st.get(y, -1)"): "the default is only compared with > 0: -1 and 0 both fail it",
 }
 ANNOTATION = "an annotation, never evaluated (from __future__ import annotations)"
 
