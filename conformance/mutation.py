@@ -58,6 +58,12 @@ EQUIVALENT: dict[tuple[str, str], str] = {
     ("reference/draft.py", "window = window[1:] + [y] if len(window) is LLAMA_NGRAM_MAX else window + [y]"):
         "CPython keeps one object per small int, so len(window) is 4 exactly when it equals 4",
     ("reference/draft.py", "c_st = part_st.get(y, -1)"): "the default is only compared with > 0: -1 and 0 both fail it",
+    ("reference/draft.py", "window = window[ 0:] + [y] if len(window) == LLAMA_NGRAM_MAX else window + [y]"):
+        "the window keeps growing instead of sliding, but only its last 4 tokens are read",
+    ("reference/draft.py", "return (x ^ 2**31) % 2**32 - 2**31"):
+        "adding 2^31 modulo 2^32 flips bit 31, as the xor does",
+    ("reference/draft.py", "window = [int(t) for t in inp[not LLAMA_NGRAM_MAX:]]  # the tail of S that the n-grams reach"):
+        "the whole input instead of its last 4 tokens: only the last 4 are read",
 }
 ANNOTATION = "an annotation, never evaluated (from __future__ import annotations)"
 
