@@ -28,8 +28,9 @@ PROTOCOL = {
               "(n_chunks, n_draft_calls, n_drafted, n_accept); on_draft(pos, drafts) per draft call",
     "load_model": "load_model(model_dir) -> model, from an mlx-lm model directory",
     "generate_step": "generate_step(model, prompt, max_tokens, drafter=None, draft_max=4, eos=()) yields "
-                     "(token, from_draft): greedy decoding, speculative with drafts from drafter when given; "
-                     "from_draft may be None (unknown)",
+                     "(token, from_draft): greedy decoding, speculative with drafts from drafter (any object with "
+                     "reset/extend/draft) when given; with a drafter, from_draft is required: True exactly for "
+                     "accepted drafts",
     "sample_step": "sample_step(model, prompt, max_tokens, temperature, seed, drafter=None, draft_max=4) "
                    "yields tokens sampled at temperature > 0, reproducibly from seed",
     "make_cache": "make_cache(model) -> an empty model state (KV rows, conv windows, recurrent states)",

@@ -61,17 +61,22 @@ class ScriptedDrafter:
     """A drafter (``reset``, ``extend``, ``draft``) that offers, step by step, what ``schedule`` says,
     knowing the true greedy continuation ``truth``: ``("true", k)`` the next k true tokens,
     ``("wrong", j)`` j true tokens then a wrong one, ``("empty",)`` nothing. After the schedule
-    runs out it offers nothing. ``offered`` records ``(tokens generated so far, drafts)`` per call."""
+    runs out it offers nothing. ``offered`` records ``(tokens generated so far, drafts)`` per call;
+    ``wrong_input`` says how the first draft call was handed tokens other than the prompt followed by
+    the tokens generated so far (``None``: every call was handed the right ones)."""
 
     def __init__(self, truth: list[int], schedule: list[tuple]):
         self.truth, self.schedule = list(truth), list(schedule)
         self.prompt_len = 0
         self.tokens: list[int] = []
         self.offered: list[list[int]] = []
+        self.prompts: list[list[int]] = []
+        self.wrong_input: str | None = None
 
     def reset(self, prompt) -> None:
         self.tokens = [int(t) for t in prompt]
         self.prompt_len = len(self.tokens)
+        self.prompts.append(list(self.tokens))
         self.offered = []
 
     def extend(self, tokens) -> None:
@@ -80,6 +85,10 @@ class ScriptedDrafter:
     def draft(self, n_draft: int) -> list[int]:
         step = self.schedule[len(self.offered)] if len(self.offered) < len(self.schedule) else ("empty",)
         pos = len(self.tokens) - self.prompt_len  # generated so far
+        if self.wrong_input is None and self.tokens[self.prompt_len:] != self.truth[:pos]:
+            self.wrong_input = (f"draft call {len(self.offered) + 1} was handed the generated tokens "
+                                f"{self.tokens[self.prompt_len:]} (reset() then extend()), the output so far is "
+                                f"{self.truth[:pos]}")
         true = self.truth[pos:pos + 8]
         if step[0] == "true":
             d = true[:step[1]]

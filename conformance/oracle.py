@@ -84,7 +84,7 @@ def draft(seq: Sequence[int], n_draft: int, ctx: Cache, dyn: Cache | None = None
           st: Cache | None = None, wrap_int32: bool = False) -> list[int]:
     """Up to ``n_draft`` tokens to follow ``seq``: context (lax), then dynamic (strict), n = 4..1,
     then the static 2-gram alone; n-grams that would start before ``seq[0]`` are skipped."""
-    S = [int(t) for t in seq]
+    S = [int(t) for t in seq[-4:]]  # n-grams of at most 4 tokens: the last 4 decide
     if len(S) < 2:
         return []
     out: list[int] = []

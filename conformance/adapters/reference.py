@@ -23,14 +23,39 @@ def context_counts(drafter):
     return drafter.c_ctx
 
 
+class _Recorded:
+    """A drafter whose drafts are recorded, so that each step's emitted tokens can be matched to them."""
+
+    def __init__(self, drafter):
+        self.drafter, self.drafts = drafter, []
+
+    def reset(self, prompt):
+        self.drafter.reset(prompt)
+
+    def extend(self, tokens):
+        self.drafter.extend(tokens)
+
+    def draft(self, n_draft):
+        self.drafts.append([int(t) for t in self.drafter.draft(n_draft)][:n_draft])
+        return self.drafts[-1]
+
+
 def generate_step(model, prompt, max_tokens, drafter=None, draft_max=4, eos=()):
-    """Greedy generation, speculative when a drafter is given; ``from_draft`` is not reported (None)."""
+    """Greedy generation, speculative when a drafter is given; ``from_draft`` marks the emitted tokens
+    that are accepted drafts (a step emits its accepted drafts, then the model's own token)."""
     if drafter is None:
-        tokens = greedy_generate(model, prompt, max_tokens, eos=eos)
-    else:
-        tokens, _ = speculative_generate(model, prompt, max_tokens, drafter, draft_max, eos=eos)
-    for token in tokens:
-        yield token, None
+        for token in greedy_generate(model, prompt, max_tokens, eos=eos):
+            yield token, False
+        return
+    recorded, steps = _Recorded(drafter), []
+    speculative_generate(model, prompt, max_tokens, recorded, draft_max, eos=eos, on_tokens=steps.append)
+    drafts = [[]] + recorded.drafts  # the prompt's forward emits the first token, with no draft
+    if draft_max == 0:
+        drafts = [[]] * len(steps)
+    for emitted, d in zip(steps, drafts):
+        n_accept = next((i for i, (a, b) in enumerate(zip(emitted, d)) if a != b), min(len(emitted), len(d)))
+        for i, token in enumerate(emitted):
+            yield token, i < n_accept
 
 
 def make_cache(model):

@@ -97,12 +97,21 @@ def _damaged_files() -> list[tuple[str, bytes]]:
         ("ntokens = 0", pack(words[:4] + [0] + words[5 + 2 * words[4]:])),
         ("a count of 0", pack(words[:6] + [0] + words[7:])),
         ("a negative count", pack(words[:6] + [-5] + words[7:])),
+        # malformed records the format can still hold (the reference refuses each; llama.cpp never writes one)
+        ("the same n-gram in two records", good + pack(words[:4] + [1] + words[5:7])),
+        ("the same follower twice in a record", pack(words[:4] + [2] + words[5:7] + words[5:7])),
+        ("an n-gram with a gap (1, -1, 2, -1)", pack([1, -1, 2, -1] + [1] + words[5:7])),
+        ("an n-gram of size 0 (all slots -1)", pack([-1, -1, -1, -1] + [1] + words[5:7])),
+        ("a negative token in the n-gram", pack([1, -7, -1, -1] + [1] + words[5:7])),
+        ("a negative follower token", pack(words[:5] + [-3] + words[6:])),
+        ("4 trailing bytes after the last record", good + pack([0])),
     ]
 
 
 @check("cache_files", needs=("load_cache",))
 def damaged_files_are_refused(impl):
-    """Truncated or corrupt cache files raise an error (ValueError or OSError) instead of loading."""
+    """Truncated or corrupt cache files (also malformed records: duplicate keys, gaps, negative ids, trailing bytes)
+    raise an error (ValueError or OSError) instead of loading."""
     with tempfile.TemporaryDirectory(prefix="ngram-spec-conformance-") as tmp:
         path = os.path.join(tmp, "damaged.bin")
         for what, data in _damaged_files():

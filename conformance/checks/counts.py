@@ -32,16 +32,19 @@ def static_cache_counts_2grams(impl, tokens):
 @check("counts", needs=("NgramDrafter", "context_counts", "cache_entries"),
        given=dict(tokens=streams(), cuts=st.lists(st.integers(1, 20), max_size=8)), examples=100)
 def context_cache_counts_sizes_1_to_4(impl, tokens, cuts):
-    """The context cache holds every n-gram of sizes 1..4 of the prompt and of each token appended later."""
+    """The context cache holds every n-gram of sizes 1..4 of the prompt and of each token appended later
+    (and nothing of the sequence the drafter saw before reset())."""
     prompt_len = min(len(tokens), cuts[0] if cuts else len(tokens))
     drafter = impl.NgramDrafter()
+    drafter.reset(tokens[::-1])  # a first sequence on the same drafter: reset() must forget it
+    drafter.extend(tokens[:3])
     drafter.reset(tokens[:prompt_len])
     i = prompt_len
     for step in cuts[1:] + [len(tokens)]:
         drafter.extend(tokens[i:i + step])
         i += step
     got, want = _rows(impl, impl.context_counts(drafter)), oracle.rows(oracle.counts(tokens))
-    assert got == want, (f"reset({tokens[:prompt_len]}) then extend() with the rest of {tokens}: "
+    assert got == want, (f"reset({tokens[::-1]}), extend({tokens[:3]}), reset({tokens[:prompt_len]}) then extend() with the rest of {tokens}: "
                          + _diff(got, want))
 
 
@@ -68,3 +71,49 @@ def merge_adds_counts(impl, a, b):
     assert got == want, f"merge of the static caches of {a} and {b}: " + _diff(got, want)
     assert _rows(impl, ca) == oracle.rows(oracle.counts(a, (2,))), "merge_caches modified its first input"
     assert _rows(impl, cb) == oracle.rows(oracle.counts(b, (2,))), "merge_caches modified its second input"
+
+
+def wide_stream() -> list[int]:
+    """A fixed stream of 2^16 + 2^15 + 40 tokens: 2^15 random ones over ids up to 2^31 - 2, then one
+    token repeated 2^16 + 40 times (so a 2-gram counts more than 2^16 and positions pass 2^16)."""
+    import numpy as np
+
+    ids = np.array([0, 1, 255, 256, 2**15 - 1, 2**15, 2**16 - 1, 2**16, 2**16 + 1, 100_000, 2**31 - 2])
+    rng = np.random.default_rng(20261130)
+    head = ids[rng.integers(0, len(ids), 2**15)].tolist()
+    return head + [2**16 + 1] * (2**16 + 40)
+
+
+@check("counts", needs=("build_static", "cache_entries"))
+def static_cache_of_a_long_stream(impl):
+    """A stream longer than 2^16 tokens, with ids up to 2^31 - 2 and a 2-gram seen more than 2^16 times,
+    gives exact counts (no 16-bit counts or positions, no 2-gram lost between blocks)."""
+    tokens = wide_stream()
+    got, want = _rows(impl, impl.build_static(tokens)), oracle.rows(oracle.counts(tokens, sizes=(2,)))
+    assert got == want, f"build_static of the fixed {len(tokens)}-token stream (wide_stream()): " + _diff(got, want)
+
+
+# Counts at the widths a port may store them in: sums reaching 2^15, 2^16 and 2^31 - 1 exactly.
+WIDE_A = {(1, 2): {3: 2**15 - 1, 4: 2**16 - 1, 5: 2**31 - 2}, (2**31 - 2,): {2**16: 2**30 + 3}}
+WIDE_B = {(1, 2): {3: 1, 4: 1, 5: 1}, (2**31 - 2,): {2**16: 2**30 + 2}, (7, 8, 9): {1: 2**15}}
+
+
+@check("counts", needs=("load_cache", "merge_caches", "cache_entries"))
+def merged_counts_past_16_and_31_bits(impl):
+    """Merging sums counts exactly up to 2^31 - 1 (sums reaching 2^15, 2^16, 2^31 - 1); a sum past
+    2^31 - 1 (2^31 + 5) is either exact or refused with an error, never wrapped."""
+    from conformance import golden
+
+    a, b = golden.to_backend(impl, WIDE_A), golden.to_backend(impl, WIDE_B)
+    small_a = golden.to_backend(impl, {eta: part for eta, part in WIDE_A.items() if len(eta) == 2})
+    small_b = golden.to_backend(impl, {eta: part for eta, part in WIDE_B.items() if len(eta) != 1})
+    want = oracle.rows(oracle.add({eta: dict(p) for eta, p in WIDE_A.items() if len(eta) == 2},
+                                  {eta: p for eta, p in WIDE_B.items() if len(eta) != 1}))
+    got = _rows(impl, impl.merge_caches([small_a, small_b]))
+    assert got == want, "merge of caches whose counts sum to 2^15, 2^16 and 2^31 - 1: " + _diff(got, want)
+    want = oracle.rows(oracle.add({eta: dict(p) for eta, p in WIDE_A.items()}, WIDE_B))
+    try:
+        got = _rows(impl, impl.merge_caches([a, b]))
+    except (ValueError, OverflowError):
+        return  # refusing a count that llama.cpp's int32 files cannot hold is allowed
+    assert got == want, "merge of caches whose counts sum to 2^31 + 5 (exact or an error): " + _diff(got, want)

@@ -20,18 +20,22 @@ def describe_caches(st_src, dyn_src) -> str:
 def generate_and_compare(impl, stream, prompt_len, n_draft, st_src=None, dyn_src=None):
     """Drive the backend's drafter through a generation whose output is ``stream``: after each draft,
     the tokens the "model" agrees with plus the next true token are appended. Every draft must be
-    the one the rules give for the same sequence and caches."""
+    the one the rules give for the same sequence and caches. The drafter first drafts for another
+    sequence (the reversed stream) and is then ``reset()``: a reused drafter must start afresh."""
     c_st = oracle.counts(st_src, sizes=(2,)) if st_src else None
     c_dyn = oracle.counts(dyn_src) if dyn_src else None
     drafter = impl.NgramDrafter(c_st=golden.to_backend(impl, c_st), c_dyn=golden.to_backend(impl, c_dyn))
     caches = describe_caches(st_src, dyn_src)
     seq = list(stream[:prompt_len])
+    drafter.reset(stream[::-1])  # the drafter is reused: what reset() starts must not see this sequence
+    drafter.extend(stream[:2])
+    drafter.draft(n_draft)
     drafter.reset(seq)
     while True:
         got = [int(t) for t in drafter.draft(n_draft)]
         want = oracle.draft(seq, n_draft, oracle.counts(seq), c_dyn, c_st)
-        assert got == want, (f"draft({n_draft}) after the tokens {seq}{caches}: the rules draft {want}, "
-                             f"the backend drafted {got}")
+        assert got == want, (f"draft({n_draft}) after the tokens {seq}{caches} (on a drafter reset() after a first "
+                             f"sequence {stream[::-1]}): the rules draft {want}, the backend drafted {got}")
         if len(seq) >= len(stream):
             return
         rest = stream[len(seq):]

@@ -17,11 +17,54 @@ GENERATE = ("load_model", "generate_step")
 
 
 def generate(impl, model, prompt, max_tokens, drafter=None, draft_max=4, eos=()):
-    """``(tokens, from_draft flags or None)`` of one generation."""
+    """``(tokens, from_draft flags)`` of one generation; a speculative one must report every flag."""
     out = list(impl.generate_step(model, list(prompt), max_tokens, drafter=drafter, draft_max=draft_max,
                                   eos=tuple(eos)))
     flags = [f for _, f in out]
-    return [int(t) for t, _ in out], (None if any(f is None for f in flags) else [bool(f) for f in flags])
+    if drafter is not None and any(f is None for f in flags):
+        raise AssertionError(f"generate_step with a drafter yielded from_draft = None for {flags.count(None)} of "
+                             f"{len(flags)} tokens: it must say for each token whether it was an accepted draft")
+    return [int(t) for t, _ in out], [bool(f) for f in flags]
+
+
+class ObservedDrafter:
+    """The backend's drafter, with the calls the generation makes to it recorded: ``prompts`` (one per
+    ``reset``), and per ``draft`` call ``(tokens handed so far, n_draft, drafts)``."""
+
+    def __init__(self, inner):
+        self.inner, self.prompts, self.tokens, self.calls = inner, [], [], []
+
+    def reset(self, prompt):
+        self.prompts.append([int(t) for t in prompt])
+        self.tokens = list(self.prompts[-1])
+        self.inner.reset(prompt)
+
+    def extend(self, tokens):
+        tokens = [int(t) for t in tokens]
+        self.tokens += tokens
+        self.inner.extend(tokens)
+
+    def draft(self, n_draft):
+        drafts = [int(t) for t in self.inner.draft(n_draft)]
+        self.calls.append((list(self.tokens), n_draft, drafts))
+        return drafts
+
+
+def check_drafter_calls(drafter: ObservedDrafter, prompt, output, draft_max, what) -> list:
+    """The generation reset() the drafter with the prompt once, handed it (reset then extend) exactly
+    the prompt and the tokens emitted so far before each draft call, and asked for at most
+    ``draft_max``; returns ``(position, drafts)`` per call, for :func:`expected_flags`."""
+    assert drafter.prompts == [list(prompt)], (f"{what}: the drafter was reset() with {drafter.prompts}, expected "
+                                               f"once with the prompt {list(prompt)}")
+    offered = []
+    for i, (tokens, n_draft, drafts) in enumerate(drafter.calls):
+        pos = len(tokens) - len(prompt)
+        assert tokens == list(prompt) + output[:pos], (
+            f"{what}: before draft call {i + 1} the drafter was handed {tokens[len(prompt):]} after the prompt "
+            f"(reset() then extend()), but the output so far is {output[:pos]}")
+        assert n_draft <= draft_max, f"{what}: draft call {i + 1} asked for {n_draft} > draft_max = {draft_max} tokens"
+        offered.append((pos, drafts[:n_draft]))
+    return offered
 
 
 def assert_same_tokens(impl, model, prompt, plain, spec, what) -> None:
@@ -46,12 +89,19 @@ def assert_same_tokens(impl, model, prompt, plain, spec, what) -> None:
        given=dict(model=models.models, prompt=models.prompts(), max_tokens=st.integers(1, 20),
                   draft_max=st.integers(1, 8)), examples=50)
 def speculative_equals_plain_greedy(impl, model, prompt, max_tokens, draft_max):
-    """With the n-gram drafter, speculative greedy output equals plain greedy output token for token."""
+    """With the n-gram drafter, speculative greedy output equals plain greedy output token for token; the
+    drafter is handed exactly the prompt and the emitted tokens, and from_draft marks the accepted drafts."""
     m = models.load(impl, *model)
     plain, _ = generate(impl, m, prompt, max_tokens)
-    spec, _ = generate(impl, m, prompt, max_tokens, drafter=impl.NgramDrafter(), draft_max=draft_max)
-    assert_same_tokens(impl, m, prompt, plain, spec, f"tiny {model[0]} (seed {model[1]}), prompt {prompt}, "
-                       f"max_tokens {max_tokens}, draft_max {draft_max}")
+    drafter = ObservedDrafter(impl.NgramDrafter())
+    spec, flags = generate(impl, m, prompt, max_tokens, drafter=drafter, draft_max=draft_max)
+    what = f"tiny {model[0]} (seed {model[1]}), prompt {prompt}, max_tokens {max_tokens}, draft_max {draft_max}"
+    assert_same_tokens(impl, m, prompt, plain, spec, what)
+    if spec == plain:
+        offered = check_drafter_calls(drafter, prompt, spec, draft_max, what)
+        want = expected_flags(spec, offered, ())
+        assert flags == want, (f"{what}: from_draft flags {flags}, expected {want} from the drafts (position, "
+                               f"drafts) {offered}")
 
 
 def expected_flags(truth, offered, eos):
@@ -85,9 +135,47 @@ def forced_right_wrong_and_empty_drafts(impl, model, prompt, max_tokens, schedul
     what = (f"tiny {model[0]} (seed {model[1]}), prompt {prompt}, max_tokens {max_tokens}, eos {list(eos)}, "
             f"drafts offered (position, drafts) {drafter.offered}")
     assert_same_tokens(impl, m, prompt, plain, spec, what)
-    if flags is not None and spec == plain:
+    check_scripted_run(drafter, prompt, truth, eos, flags, spec == plain, what)
+
+
+def check_scripted_run(drafter, prompt, truth, eos, flags, same, what) -> None:
+    """The scripted drafter was reset() with the prompt once and handed the emitted tokens; where the
+    output is right, the from_draft flags are the ones its drafts imply."""
+    assert drafter.prompts == [list(prompt)], f"{what}: the drafter was reset() with {drafter.prompts}"
+    assert drafter.wrong_input is None, f"{what}: {drafter.wrong_input}"
+    if same:
         want = expected_flags(truth, drafter.offered, eos)
         assert flags == want, f"{what}: from_draft flags {flags}, expected {want} (right drafts must be accepted)"
+
+
+@check("greedy", needs=GENERATE)
+def eos_first_last_and_inside_an_accepted_run(impl):
+    """EOS as the very first token, as the bonus token ending a step, and inside a run of accepted drafts:
+    output stops right after it, and from_draft marks exactly the accepted drafts."""
+    m = models.load(impl, "qwen3_5", 0)
+    prompt = [72, 101, 108, 108, 111, 32] * 3
+    truth, _ = generate(impl, m, prompt, 12)
+    firsts = [i for i in range(1, len(truth)) if truth[i] not in truth[:i]]
+    assert len(firsts) >= 2, f"tiny qwen3_5 (seed 0) emitted {truth}: too few distinct tokens for this check"
+    inside, last = firsts[0], firsts[1]
+    cases = [  # (what, EOS position in truth, schedule, max_tokens)
+        ("EOS first", 0, [("true", 8)], 12),
+        ("EOS inside an accepted run", inside, [("true", 8)], 12),
+        # the first draft call is at position 0 or 1 (before or after the prompt's token): one of these
+        # two makes EOS the bonus token right after the accepted drafts
+        ("EOS as the bonus token after accepted drafts", last, [("true", last)], 12),
+        ("EOS as the bonus token after accepted drafts", last, [("true", last - 1)], 12),
+        ("EOS as the last token max_tokens allows", last, [("true", 2), ("true", 8)], last + 1),
+    ]
+    for label, at, schedule, max_tokens in cases:
+        eos = (truth[at],)
+        plain = truth[:at + 1]
+        drafter = models.ScriptedDrafter(truth, schedule)
+        spec, flags = generate(impl, m, prompt, max_tokens, drafter=drafter, draft_max=8, eos=eos)
+        what = (f"{label}: tiny qwen3_5 (seed 0), prompt {prompt}, max_tokens {max_tokens}, eos {list(eos)}, "
+                f"drafts offered (position, drafts) {drafter.offered}")
+        assert_same_tokens(impl, m, prompt, plain, spec, what)
+        check_scripted_run(drafter, prompt, truth, eos, flags, spec == plain, what)
 
 
 @check("greedy", needs=GENERATE,

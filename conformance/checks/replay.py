@@ -58,10 +58,21 @@ def golden_replay_statistics(impl):
 
 @check("replay", needs=("replay", "load_cache"))
 def golden_int32_wrapped_scores(impl):
-    """With score="int32", scores wrap like llama.cpp's int32 product (case o1; 83,959 products overflow)."""
+    """With score="int32", scores wrap like llama.cpp's int32 product (case o1, 83,959 products overflow; and a
+    fixed case where context products wrap to negative scores)."""
     if "score" not in inspect.signature(impl.replay).parameters:
         raise Skip("replay() has no score= option for llama.cpp's wrapping int32 product (optional)")
     golden_replays(impl, ["o1-ovf-static-c4096-d8"], score="int32")
+    # fixed: the context products c * 100 * 2^25 overflow int32 (c = 1, 2 wrap to negative scores, which
+    # never win, so the static fallback drafts there): the drafts differ from the exact rules'
+    stream, c_st = [1, 2, 3] * 10 + [1], {(1, 2): {3: 2**25, 4: 2**25 + 1}}
+    want = oracle.replay(stream, 30, 4, c_st, wrap_int32=True)
+    stats, calls = _replay(impl, stream, 30, 4, golden.to_backend(impl, c_st), None, score="int32")
+    what = f'replay of {stream} with n_ctx=30, n_draft=4, score="int32", static cache {c_st}'
+    problem = golden.first_difference(calls, [golden.dump_line(p, d) for p, d in want.calls], what)
+    assert problem is None, problem
+    _compare_totals(stats, {"n_chunks": want.n_chunks, "n_draft_calls": len(want.calls),
+                            "n_drafted": want.n_drafted, "n_accept": want.n_accept}, what)
 
 
 @check("replay", needs=("replay", "cache_entries"))
@@ -93,6 +104,27 @@ def replay_follows_the_rules(impl, streams, n_ctx, n_draft):
     want = oracle.replay(stream, n_ctx, n_draft, c_st, c_dyn)
     stats, calls = _replay(impl, stream, n_ctx, n_draft, golden.to_backend(impl, c_st), golden.to_backend(impl, c_dyn))
     what = f"replay of {stream} with n_ctx={n_ctx}, n_draft={n_draft}{describe_caches(st_src, dyn_src)}"
+    problem = golden.first_difference(calls, [golden.dump_line(p, d) for p, d in want.calls], what)
+    assert problem is None, problem
+    _compare_totals(stats, {"n_chunks": want.n_chunks, "n_draft_calls": len(want.calls),
+                            "n_drafted": want.n_drafted, "n_accept": want.n_accept}, what)
+
+
+@check("replay", needs=("replay",))
+def replay_past_2_16_tokens(impl):
+    """A replay of 70,001 tokens in 20 chunks (positions past 2^16, the dynamic cache growing over them)
+    follows lookup-stats' rules, call for call."""
+    import numpy as np
+
+    rng = np.random.default_rng(11)
+    period = rng.integers(0, 2**31 - 1, 23).tolist()
+    stream = [period[i % len(period)] for i in range(70_001)]
+    for i in rng.integers(0, len(stream), 400).tolist():  # substitutions: rejected drafts everywhere
+        stream[i] = period[i % 7]
+    n_ctx, n_draft = 3_500, 16
+    want = oracle.replay(stream, n_ctx, n_draft)
+    stats, calls = _replay(impl, stream, n_ctx, n_draft, None, None)
+    what = f"replay of the fixed 70,001-token stream of replay_past_2_16_tokens, n_ctx={n_ctx}, n_draft={n_draft}"
     problem = golden.first_difference(calls, [golden.dump_line(p, d) for p, d in want.calls], what)
     assert problem is None, problem
     _compare_totals(stats, {"n_chunks": want.n_chunks, "n_draft_calls": len(want.calls),

@@ -16,13 +16,13 @@ TOLERANCE = 1e-4  # float32 logits of tiny models are O(1); a state off by one t
 
 @st.composite
 def verify_steps(draw):
-    """``(tokens, m)`` pairs: a verify forward over S = len(tokens) tokens keeping the first m
-    (S = 1: a step with no draft)."""
+    """``(tokens, m)`` pairs: a verify forward over S = len(tokens) tokens keeping the first m, 0 <= m <= S
+    (S = 1: a step with no draft, which keeps its token; m = 0: the whole forward is dropped)."""
     steps = []
     for _ in range(draw(st.integers(1, 6))):
         S = draw(st.sampled_from([1, 1, 2, 3, 4, 6]))
         tokens = draw(st.lists(st.integers(0, models.VOCAB - 1), min_size=S, max_size=S))
-        steps.append((tokens, draw(st.integers(1, S))))
+        steps.append((tokens, draw(st.integers(0 if S > 1 else 1, S))))
     return steps
 
 
@@ -75,8 +75,9 @@ def keep_m_equals_feeding_m_tokens(impl, model, prompt, steps):
 
 @check("rollback", needs=ROLLBACK)
 def zero_draft_steps_between_drafted_steps(impl):
-    """Steps with no draft (S = 1) between drafted steps leave no stale state, in every architecture."""
-    shape = [(1, 1), (4, 2), (1, 1), (1, 1), (3, 1), (1, 1), (5, 5), (2, 1), (1, 1)]  # (S, m)
+    """Steps with no draft (S = 1) between drafted steps, and keep(0) and keep(S), leave no stale state, in every architecture."""
+    # (S, m), with the ends of the range: m = S (everything kept) and m = 0 (everything dropped)
+    shape = [(1, 1), (4, 2), (1, 1), (1, 1), (3, 1), (1, 1), (5, 5), (2, 1), (1, 1), (3, 0), (1, 1), (2, 0), (2, 2)]
     steps = [([10 + 7 * i + j for j in range(S)], m) for i, (S, m) in enumerate(shape)]
     for arch in models.ARCHS:
         m = models.load(impl, arch, 0)

@@ -63,11 +63,13 @@ def pick_temperature(impl, model, prompt) -> float:
 
 @check("sampling", needs=SAMPLING)
 def drafts_do_not_change_the_distribution(impl):
-    """At temperature > 0, the first token with a draft offered, and the token after an accepted draft, follow p.
+    """At temperature > 0, every emitted token follows p: the first (plain, never drafted for), the one
+    with drafts offered, the one after an accepted draft, and the bonus token after all drafts were accepted.
 
-    The first token is plain (never drafted for); after it, drafts [d2, d3] are offered: when the first
-    token is greedy's d1, the second must follow p2 = p(. | prompt, d1) and, after an accepted d2, the
-    third p3. The temperature puts p2's top token at 0.2..0.8, so acceptance and rejection both occur."""
+    After the first token, drafts [d2, d3] are offered: when the first token is greedy's d1, the second
+    must follow p2 = p(. | prompt, d1), after an accepted d2 the third p3, and after an accepted d3 too the
+    fourth (the bonus token) p4. The temperature puts p2's top token at 0.2..0.8, so acceptance and
+    rejection both occur."""
     arch, prompt = "qwen3_5", [72, 101, 108, 108, 111]
     model = models.load(impl, arch, 0)
     d1 = int(np.argmax(probs(impl, model, prompt, 1.0)))   # the argmax does not depend on the temperature
@@ -76,8 +78,10 @@ def drafts_do_not_change_the_distribution(impl):
     d2 = int(np.argmax(p2))
     p3 = probs(impl, model, prompt + [d1, d2], T)
     d3, second2 = int(np.argmax(p3)), int(np.argsort(p2)[-2])
+    p4 = probs(impl, model, prompt + [d1, d2, d3], T)   # the bonus token's law once d2 and d3 are accepted
+    d4 = int(np.argmax(p4))
     for label, drafter_of in (("plain sampling", lambda: None), ("drafts [d2, d3]", lambda: FixedDrafter([d2, d3]))):
-        firsts, seconds, thirds = Counter(), Counter(), Counter()
+        firsts, seconds, thirds, fourths = Counter(), Counter(), Counter(), Counter()
         for seed in range(N_SAMPLES):
             out = [int(t) for t in impl.sample_step(model, prompt, 4, temperature=T, seed=seed,
                                                     drafter=drafter_of(), draft_max=2)]
@@ -86,6 +90,8 @@ def drafts_do_not_change_the_distribution(impl):
                 seconds[out[1]] += 1
                 if out[1] == d2 and len(out) > 2:
                     thirds[out[2]] += 1
+                    if out[2] == d3 and len(out) > 3:
+                        fourths[out[3]] += 1
         pv, table = chi_square_p_value(firsts, p1, [[d1]])
         assert pv >= P_FAIL, (
             f"{label} on tiny {arch}, prompt {prompt}, temperature {T}: the first token's counts "
@@ -102,3 +108,9 @@ def drafts_do_not_change_the_distribution(impl):
             assert pv >= P_FAIL, (
                 f"{label} on tiny {arch}, prompt {prompt}, temperature {T}: after d1={d1}, d2={d2}, the third "
                 f"token's counts (observed, expected) for [d3={d3}, others] are {table}; chi-square p = {pv:.2g}")
+        if sum(fourths.values()) >= 30:
+            pv, table = chi_square_p_value(fourths, p4, [[d4]])
+            assert pv >= P_FAIL, (
+                f"{label} on tiny {arch}, prompt {prompt}, temperature {T}: after d1={d1}, d2={d2}, d3={d3} (both "
+                f"drafts accepted), the bonus token's counts (observed, expected) for [d4={d4}, others] are "
+                f"{table}; chi-square p = {pv:.2g}")

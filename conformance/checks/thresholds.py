@@ -84,3 +84,58 @@ def golden_dense_ties(impl):
     """On a uniform 3-token stream, drafts equal llama.cpp's (first chunk of case s1, where 8 % of the evaluated levels tie)."""
     vectors.load_case("s1-syn-v3-nostatic-c4096-d16")
     golden_first_chunks(impl, ["s1-syn-v3-nostatic-c4096-d16"])
+
+
+@check("thresholds", needs=("NgramDrafter", "load_cache"))
+def scores_past_32_bits(impl):
+    """Scores c * 100 * c_st(y) are exact past 2^31 (static counts 2^24 and 2^25): the follower with the
+    larger static count wins, as in the exact rules (llama.cpp's int32 product is replay's score="int32")."""
+    from conformance import golden, oracle
+
+    seq = [1, 2, 4, 1, 2, 3, 1, 2]
+    c_st = {(1, 2): {3: 2**24, 4: 2**25}, (2, 4): {1: 2**31 - 1}, (2, 3): {1: 2**31 - 1}}
+    drafter = impl.NgramDrafter(c_st=golden.to_backend(impl, c_st))
+    drafter.reset(seq)
+    got, want = [int(t) for t in drafter.draft(3)], oracle.draft(seq, 3, oracle.counts(seq), None, c_st)
+    assert got == want, (f"draft(3) after {seq} with the static cache {c_st}: the rules draft {want} (score of 4 = "
+                         f"1 * 100 * 2^25 > 2^31), the backend drafted {got}")
+
+
+# Dynamic-cache levels at their thresholds (strict a = 4 3 2 2, p = 75 66 66 66): follower counts
+# exactly at a_n and p_n, and one step below each.
+STRICT_BOUNDARIES = ({7: 3, 8: 1}, {7: 3}, {7: 74, 8: 26},  # n = 1: sum 4 with 75 %, sum 3, 74 %
+                     {7: 2, 8: 1}, {7: 2},  # n = 2: sum 3 with 66.7 %, sum 2
+                     {7: 1},  # n = 3, 4: sum 1 < 2
+                     {7: 33, 8: 17}, {7: 13, 8: 7}, {8: 3, 7: 1})  # 66 % exactly, 65 %; the best is not the first
+
+
+@check("thresholds", needs=("NgramDrafter", "load_cache"))
+def dynamic_thresholds_at_the_boundary(impl):
+    """Each dynamic-cache level n = 1..4 drafts exactly when the count sum reaches a_n and the best share
+    reaches p_n (strict thresholds), on counts placed at each boundary and one step below it."""
+    from conformance import golden, oracle
+
+    seq = [100, 101, 102, 103]  # no suffix of it has a follower in the context cache
+    for n in (1, 2, 3, 4):
+        for part in STRICT_BOUNDARIES:
+            c_dyn = {tuple(seq[-n:]): part}
+            drafter = impl.NgramDrafter(c_dyn=golden.to_backend(impl, c_dyn))
+            drafter.reset(seq)
+            got, want = [int(t) for t in drafter.draft(1)], oracle.draft(seq, 1, oracle.counts(seq), c_dyn)
+            assert got == want, (f"draft(1) after {seq} with the dynamic cache {c_dyn} (level n = {n}: strict "
+                                 f"a_{n} = {oracle.STRICT[0][n - 1]}, p_{n} = {oracle.STRICT[1][n - 1]} %): the rules "
+                                 f"draft {want}, the backend drafted {got}")
+
+
+@check("thresholds", needs=("NgramDrafter", "load_cache"))
+def followers_outside_the_static_cache_weigh_1(impl):
+    """A follower the static cache does not know weighs exactly 1: seen 60 times (score 60) it loses to one
+    seen once with static count 1 (score 100), whose 1/61 share then fails p_n, so nothing is drafted."""
+    from conformance import golden, oracle
+
+    seq, c_st = [1, 2, 3] * 60 + [1, 2, 4, 1, 2], {(1, 2): {4: 1}}
+    drafter = impl.NgramDrafter(c_st=golden.to_backend(impl, c_st))
+    drafter.reset(seq)
+    got, want = [int(t) for t in drafter.draft(3)], oracle.draft(seq, 3, oracle.counts(seq), None, c_st)
+    assert got == want, (f"draft(3) after [1, 2, 3] * 60 + [1, 2, 4, 1, 2] with the static cache {c_st}: the rules "
+                         f"draft {want} (w(3) = 1, w(4) = 100), the backend drafted {got}")

@@ -12,10 +12,13 @@ import os
 import sys
 import tempfile
 
+import reference.api
 import reference.cache_file
 import reference.draft
 import reference.drafter
 import reference.models.cache as model_cache
+import reference.replay
+import reference.speculative
 
 
 @contextlib.contextmanager
@@ -131,7 +134,96 @@ def drafts_counted_in_context():
     return attribute(reference.drafter.NgramDrafter, "draft", counting)
 
 
+def reset_keeps_context():
+    """reset(prompt) starts the new sequence's tokens but keeps the context cache of the previous one."""
+    def reset(self, prompt):
+        self.tokens = [int(t) for t in prompt]
+        self.c_ctx.update(self.tokens, len(self.tokens))
+
+    return attribute(reference.drafter.NgramDrafter, "reset", reset)
+
+
+def scores_in_int32():
+    """The drafter scores c * w in int32 (llama.cpp's wrapping product) instead of exactly."""
+    init = reference.drafter.NgramDrafter.__init__
+
+    def int32_init(self, c_st=None, c_dyn=None, score="exact"):
+        init(self, c_st, c_dyn, score="int32")
+
+    return attribute(reference.drafter.NgramDrafter, "__init__", int32_init)
+
+
+# -- integer widths ------------------------------------------------------------------------------
+
+def _wrap(c, bits):
+    return (c + 2**(bits - 1)) % 2**bits - 2**(bits - 1)
+
+
+def static_counts_in_int16():
+    """build_static counts in int16: a 2-gram seen more than 2^15 - 1 times wraps."""
+    build = reference.api.build_static
+
+    def int16_build(tokens, progress=None):
+        cache = build(tokens, progress)
+        return reference.api.NgramCache({eta: {y: _wrap(c, 16) for y, c in part.items()}
+                                         for eta, part in cache.counts.items()})
+
+    return replaced(build, int16_build)
+
+
+def static_built_in_blocks():
+    """build_static counts each block of 2^16 tokens on its own: the 2-grams across a block boundary are lost."""
+    build = reference.api.build_static
+
+    def blocks(tokens, progress=None):
+        tokens = list(tokens)
+        return reference.api.merge_caches(build(tokens[i:i + 2**16], progress) for i in range(0, len(tokens), 2**16))
+
+    return replaced(build, blocks)
+
+
+def merge_in_int32():
+    """merge_caches sums counts in int32: a sum past 2^31 - 1 wraps to a negative count."""
+    merge = reference.api.merge_caches
+
+    def int32_merge(caches):
+        out = merge(caches)
+        return reference.api.NgramCache({eta: {y: _wrap(c, 32) for y, c in part.items()}
+                                         for eta, part in out.counts.items()})
+
+    return replaced(merge, int32_merge)
+
+
+def replay_positions_in_uint16():
+    """The replay reports draft positions as uint16 (wrapping past 65535)."""
+    replay = reference.replay.replay
+
+    def uint16_positions(tokens, n_ctx, n_draft, c_st=None, c_dyn=None, on_draft=None, **extra):
+        report = None if on_draft is None else (lambda pos, d: on_draft(pos % 2**16, d))
+        return replay(tokens, n_ctx, n_draft, c_st, c_dyn, on_draft=report, **extra)
+
+    return replaced(replay, uint16_positions)
+
+
 # -- cache files ---------------------------------------------------------------------------------
+
+def duplicate_records_keep_the_last():
+    """A cache file holding the same n-gram (or follower) twice loads, the last record winning, as an
+    unchecked hash-map insert would do."""
+    from conformance import llama_format
+
+    load = reference.cache_file.load_cache
+
+    def lenient(path):
+        try:
+            return load(path)
+        except ValueError as exc:
+            if "duplicate" not in str(exc):
+                raise
+        with open(path, "rb") as f:
+            return reference.api.NgramCache(llama_format.from_bytes(f.read()))
+
+    return replaced(load, lenient)
 
 def _byteswapped(path):
     import numpy as np
@@ -207,6 +299,57 @@ def conv_window_not_rolled_back():
     return attribute(model_cache.RecurrentState, "keep", conv_kept)
 
 
+def keep_zero_keeps_all():
+    """keep(0) keeps the whole verify forward (a falsy m read as "no cut")."""
+    keep = model_cache.ModelCache.keep
+    return attribute(model_cache.ModelCache, "keep", lambda self, m: keep(self, m or self.pending))
+
+
+# -- generation ----------------------------------------------------------------------------------
+
+def eos_first_not_checked():
+    """The first token (the prompt forward's) is not checked for EOS: generation goes on after it."""
+    generate = reference.speculative.speculative_generate
+
+    def late_eos(model, prompt, max_tokens, drafter, draft_max, eos=(), on_tokens=None):
+        eos = set(eos)
+        tokens, stats = generate(model, prompt, max_tokens, drafter, draft_max, eos=eos, on_tokens=on_tokens)
+        if len(tokens) == 1 and tokens[0] in eos and max_tokens > 1:
+            tokens, stats = generate(model, prompt, max_tokens, drafter, draft_max, eos=(), on_tokens=None)
+            stop = next((i for i, t in enumerate(tokens) if i > 0 and t in eos), len(tokens) - 1)
+            tokens = tokens[:stop + 1]
+            if on_tokens:
+                on_tokens(tokens[1:])
+        return tokens, stats
+
+    return replaced(generate, late_eos)
+
+
+class _BonusNotHanded:
+    def __init__(self, drafter):
+        self.drafter = drafter
+
+    def reset(self, prompt):
+        self.drafter.reset(prompt)
+
+    def extend(self, tokens):
+        tokens = list(tokens)
+        self.drafter.extend(tokens[:-1] if len(tokens) > 1 else tokens)
+
+    def draft(self, n_draft):
+        return self.drafter.draft(n_draft)
+
+
+def bonus_token_not_handed_to_drafter():
+    """After a step with accepted drafts, the drafter is not handed the step's last (bonus) token."""
+    generate = reference.speculative.speculative_generate
+
+    def forgetful(model, prompt, max_tokens, drafter, draft_max, eos=(), on_tokens=None):
+        return generate(model, prompt, max_tokens, _BonusNotHanded(drafter), draft_max, eos=eos, on_tokens=on_tokens)
+
+    return replaced(generate, forgetful)
+
+
 # -- sampling (the reference does not sample: this mutant is of the MLX backend) ------------------
 
 def greedy_acceptance_when_sampling():
@@ -223,6 +366,23 @@ def greedy_acceptance_when_sampling():
         return accept_or_resample(p, d)
 
     return attribute(sampling, "accept_or_resample", greedy_accept)
+
+
+def greedy_bonus_token_when_sampling():
+    """At temperature > 0, the bonus token after all drafts were accepted is the most likely one, not sampled."""
+    import mlx.core as mx
+
+    import mlx_backend.generate as generate
+
+    verify = generate.verify_drafts
+
+    def argmax_bonus(logits, drafts, sampler=None, logits_processors=None, history=None):
+        emitted, logprobs, n = verify(logits, drafts, sampler, logits_processors, history)
+        if drafts and n == len(drafts):
+            emitted[-1] = int(mx.argmax(logprobs[-1]).item())
+        return emitted, logprobs, n
+
+    return attribute(generate, "verify_drafts", argmax_bonus)
 
 
 # name -> (mutant, the backend it breaks, the checks that must all fail: a rule check and a second one)
@@ -259,4 +419,26 @@ MUTANTS = {
     "cache file with the wrong byte order": (wrong_byte_order, "reference",
                                              ["cache_files.golden_files_load",
                                               "cache_files.saved_files_are_llama_format"]),
+    # issue 11: one mutant per class of bug that passed the default run before
+    "static counts in int16": (static_counts_in_int16, "reference", ["counts.static_cache_of_a_long_stream"]),
+    "static cache built in blocks of 2^16 tokens": (static_built_in_blocks, "reference",
+                                                    ["counts.static_cache_of_a_long_stream"]),
+    "merge sums in int32": (merge_in_int32, "reference", ["counts.merged_counts_past_16_and_31_bits"]),
+    "drafter scores in int32": (scores_in_int32, "reference", ["thresholds.scores_past_32_bits"]),
+    "replay positions in uint16": (replay_positions_in_uint16, "reference", ["replay.replay_past_2_16_tokens"]),
+    "reset() keeps the previous sequence's context cache": (reset_keeps_context, "reference",
+                                                            ["counts.context_cache_counts_sizes_1_to_4",
+                                                             "drafting.drafts_follow_the_rules_context_only"]),
+    "keep(0) keeps everything": (keep_zero_keeps_all, "reference",
+                                 ["rollback.zero_draft_steps_between_drafted_steps",
+                                  "rollback.keep_m_equals_feeding_m_tokens"]),
+    "bonus token not handed to the drafter": (bonus_token_not_handed_to_drafter, "reference",
+                                              ["greedy.speculative_equals_plain_greedy",
+                                               "greedy.forced_right_wrong_and_empty_drafts"]),
+    "EOS not checked on the first token": (eos_first_not_checked, "reference",
+                                           ["greedy.eos_first_last_and_inside_an_accepted_run"]),
+    "duplicate cache-file records: the last one wins": (duplicate_records_keep_the_last, "reference",
+                                                       ["cache_files.damaged_files_are_refused"]),
+    "bonus token taken greedily at temperature > 0": (greedy_bonus_token_when_sampling, "mlx",
+                                                      ["sampling.drafts_do_not_change_the_distribution"]),
 }
