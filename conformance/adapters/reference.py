@@ -50,8 +50,7 @@ def generate_step(model, prompt, max_tokens, drafter=None, draft_max=4, eos=()):
     recorded, steps = _Recorded(drafter), []
     speculative_generate(model, prompt, max_tokens, recorded, draft_max, eos=eos, on_tokens=steps.append)
     drafts = [[]] + recorded.drafts  # the prompt's forward emits the first token, with no draft
-    if draft_max == 0:
-        drafts = [[]] * len(steps)
+    drafts += [[]] * (len(steps) - len(drafts))  # a step with no room for drafts (k = 0) calls no draft()
     for emitted, d in zip(steps, drafts):
         n_accept = next((i for i, (a, b) in enumerate(zip(emitted, d)) if a != b), min(len(emitted), len(d)))
         for i, token in enumerate(emitted):

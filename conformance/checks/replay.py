@@ -110,6 +110,22 @@ def replay_follows_the_rules(impl, streams, n_ctx, n_draft):
                             "n_drafted": want.n_drafted, "n_accept": want.n_accept}, what)
 
 
+@check("replay", needs=("replay", "load_cache"))
+def replay_tries_context_before_dynamic(impl):
+    """A fixed replay where the context cache and the dynamic cache disagree (the text repeats
+    [1, 2, 3], the dynamic cache learned [1, 2, 9]): the context cache is asked first, call for call."""
+    stream, dyn_src = [1, 2, 3] * 30, [1, 2, 9] * 40   # 90 tokens: two chunks of 36 replayed
+    n_ctx, n_draft = 36, 4
+    c_dyn = oracle.counts(dyn_src)
+    want = oracle.replay(stream, n_ctx, n_draft, None, c_dyn)
+    stats, calls = _replay(impl, stream, n_ctx, n_draft, None, golden.to_backend(impl, c_dyn))
+    what = f"replay of [1, 2, 3] * 30 with n_ctx={n_ctx}, n_draft={n_draft} and a dynamic cache of [1, 2, 9] * 40"
+    problem = golden.first_difference(calls, [golden.dump_line(p, d) for p, d in want.calls], what)
+    assert problem is None, problem
+    _compare_totals(stats, {"n_chunks": want.n_chunks, "n_draft_calls": len(want.calls),
+                            "n_drafted": want.n_drafted, "n_accept": want.n_accept}, what)
+
+
 @check("replay", needs=("replay",))
 def replay_past_2_16_tokens(impl):
     """A replay of 70,001 tokens in 20 chunks (positions past 2^16, the dynamic cache growing over them)

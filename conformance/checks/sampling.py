@@ -68,7 +68,8 @@ def drafts_do_not_change_the_distribution(impl):
 
     After the first token, drafts [d2, d3] are offered: when the first token is greedy's d1, the second
     must follow p2 = p(. | prompt, d1), after an accepted d2 the third p3, and after an accepted d3 too the
-    fourth (the bonus token) p4. The temperature puts p2's top token at 0.2..0.8, so acceptance and
+    fourth (the bonus token) p4; with the single draft [d2], the third token is the bonus token, of law p3
+    (reached often enough to test). The temperature puts p2's top token at 0.2..0.8, so acceptance and
     rejection both occur."""
     arch, prompt = "qwen3_5", [72, 101, 108, 108, 111]
     model = models.load(impl, arch, 0)
@@ -80,11 +81,13 @@ def drafts_do_not_change_the_distribution(impl):
     d3, second2 = int(np.argmax(p3)), int(np.argsort(p2)[-2])
     p4 = probs(impl, model, prompt + [d1, d2, d3], T)   # the bonus token's law once d2 and d3 are accepted
     d4 = int(np.argmax(p4))
-    for label, drafter_of in (("plain sampling", lambda: None), ("drafts [d2, d3]", lambda: FixedDrafter([d2, d3]))):
+    variants = (("plain sampling", lambda: None, 2), ("drafts [d2, d3]", lambda: FixedDrafter([d2, d3]), 2),
+                ("draft [d2], then the bonus token", lambda: FixedDrafter([d2]), 1))  # 3rd token: bonus, law p3
+    for label, drafter_of, draft_max in variants:
         firsts, seconds, thirds, fourths = Counter(), Counter(), Counter(), Counter()
         for seed in range(N_SAMPLES):
             out = [int(t) for t in impl.sample_step(model, prompt, 4, temperature=T, seed=seed,
-                                                    drafter=drafter_of(), draft_max=2)]
+                                                    drafter=drafter_of(), draft_max=draft_max)]
             firsts[out[0]] += 1
             if out[0] == d1 and len(out) > 1:
                 seconds[out[1]] += 1

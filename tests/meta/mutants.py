@@ -395,7 +395,7 @@ MUTANTS = {
                               ["thresholds.static_weights_choose_the_follower", "drafting.golden_draft_dumps"]),
     "dynamic tried before context": (dynamic_before_context, "reference",
                                      ["drafting.drafts_follow_the_rules_with_all_caches",
-                                      "replay.replay_follows_the_rules"]),
+                                      "replay.replay_tries_context_before_dynamic"]),
     "n-grams starting before the input read anyway": (negative_start_read, "reference",
                                                       ["drafting.golden_draft_dumps",
                                                        "replay.golden_replay_statistics"]),
