@@ -55,8 +55,11 @@ class Backend:
 
 
 def resolve(spec: str | None = None) -> Backend:
-    """The backend named by ``spec`` (default ``$NGRAM_SPEC_BACKEND``, then ``reference``)."""
-    spec = spec or os.environ.get(ENV) or "reference"
+    """The backend named by ``spec`` (default ``$NGRAM_SPEC_BACKEND``, then the fast backend where it is
+    installed, else ``reference``: :func:`reference.backends.default_backend`, as for every command)."""
+    from reference.backends import default_backend
+
+    spec = spec or os.environ.get(ENV) or default_backend()
     target = BUILTIN.get(spec, spec)
     module_name, _, attr = target.partition(":")
     if not module_name:

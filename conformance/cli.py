@@ -28,7 +28,7 @@ Areas: {", ".join(AREAS)}.
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", metavar="NAME",
-                        help=f"reference, mlx, or module.path:object (default: ${ENV}, else reference)")
+                        help=f"reference, mlx, or module.path:object (default: ${ENV}, else mlx where it is installed, else reference)")
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON to FILE")
     parser.add_argument("--thorough", action="store_true",
                         help=f"{THOROUGH}x more random examples and every golden case (default run: < 3 min)")

@@ -1,6 +1,6 @@
 """``pytest --pyargs conformance``: the same checks as ``python -m conformance``, one test each.
 
-The backend comes from ``$NGRAM_SPEC_BACKEND`` (default ``reference``); ``$NGRAM_SPEC_CONFORMANCE_SEED``
+The backend comes from ``$NGRAM_SPEC_BACKEND`` (default: mlx where installed, else ``reference``); ``$NGRAM_SPEC_CONFORMANCE_SEED``
 fixes the seed and ``NGRAM_SPEC_CONFORMANCE_THOROUGH=1`` runs the thorough variant. A check that
 does not apply to the backend is skipped with the reason "not applicable: ...".
 """

@@ -63,7 +63,8 @@ def register(subparsers) -> None:
                    help="chunk length, the model context (default: %(default)s). llama-lookup-stats chunks by "
                         "llama_n_ctx(), its -c rounded up (to a multiple of 256 in current llama.cpp): to "
                         "reproduce `-c 1000`, pass --n-ctx 1024")
-    p.add_argument("--n-draft", type=int, default=16, help="maximum tokens per draft (default: %(default)s)")
+    p.add_argument("--n-draft", "--draft-max", type=int, default=16,
+                   help="maximum tokens per draft (alias --draft-max, the name generate uses; default: %(default)s)")
     p.add_argument("--score", choices=SCORES, default="exact",
                    help="score arithmetic: exact integers (default), or int32 = llama.cpp's wrapping 32-bit "
                         "product (identical unless a product exceeds 2**31-1)")
