@@ -84,7 +84,11 @@ def test_sharded_speculation_equals_plain(arch, tmp_path):
             first_divergence(truth, gaps, run["tokens"])
         same, other = runs["sampled, same seed on all ranks"], runs["sampled, other seeds on ranks > 0"]
         assert len(set(same["tokens_per_rank"])) == 1 and len(set(other["tokens_per_rank"])) == 1
-        assert 0 < same["n_accept"] < same["n_drafted"], f"{where}: {same}"
+        # the drafter offers greedy's tokens: a sampled run accepts them only while it follows greedy, which
+        # depends on the draw (tiny llama leaves greedy at its first sampled token); drafts must be verified
+        assert same["n_accept"] < same["n_drafted"], f"{where}: {same}"
+        if arch != "llama":
+            assert same["n_accept"] > 0, f"{where}: {same}"
         # rank 0's seed decides: equal to the single-process speculative run with that seed
         assert same["tokens"] == r["ref_sampled"], where
         assert other["tokens"] == r["ref_sampled"], where

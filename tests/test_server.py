@@ -448,7 +448,7 @@ def test_a_response_cut_inside_a_verify_step_stores_the_tokens_its_hybrid_cache_
     steps.close()
     held_cache, held = generator.prompt_cache._held
     assert read == truth[:2] and held_cache is cache
-    assert held == prompt + truth[:4]                       # 4 accepted tokens fed, the bonus token not
+    assert held == prompt + truth[:5]   # the first (plain) token and 4 accepted drafts fed, the bonus token not
     fresh = make_prompt_cache(model)
     model(mx.array([held]), cache=fresh)
     ours, want = tree_flatten([c.state for c in cache]), tree_flatten([c.state for c in fresh])
