@@ -67,21 +67,3 @@ def run_convert(args: argparse.Namespace) -> int:
           f"{cache.n_entries()} entries, {os.path.getsize(args.output)} bytes, {time.perf_counter() - t0:.2f} s",
           file=sys.stderr)
     return 0
-    from mlx_backend.static_file import load_cache, save_cache
-
-    cache = load_cache(args.input, verify=True)
-    if args.vocab_size:
-        from mlx_backend.static_file import check_tokenizer
-
-        check_tokenizer(cache, args.input, args.vocab_size, None)
-        top = max((int(s.tokens.max()) for s in cache.sections.values() if s.n_entries), default=-1)
-        top = max([top] + [int(s.key_words()[0].max() >> 32) for s in cache.sections.values()])
-        if top >= args.vocab_size:
-            raise ValueError(f"token id {top} in {args.input} does not fit --vocab-size {args.vocab_size}")
-        cache.vocab_size = args.vocab_size
-    save_cache(cache, args.output, format=args.to)
-    print(f"{args.input} -> {args.output} ({args.to}, backend {backend_name(backend)}): {len(cache)} n-grams, "
-          f"{cache.n_entries()} entries, "
-          f"sizes {sorted(cache.sizes())}, {os.path.getsize(args.output)} bytes, "
-          f"{time.perf_counter() - t0:.2f} s", file=sys.stderr)
-    return 0
