@@ -387,6 +387,9 @@ def register(subparsers) -> None:
             "examples:\n  ngram-spec demo\n  ngram-spec demo --max-tokens 32 --json\n"
             "  ngram-spec demo --blas bundled --dtype quantized"),
     )
+    p.add_argument("--backend", choices=("mlx",), default="mlx",
+                   help="mlx only: the demo times mlx-lm's plain decoding against the mlx backend's speculation "
+                        "(accepted, like every command's --backend)")
     p.add_argument("--model", metavar="PATH",
                    help="a .gguf file (llama architecture) or an mlx-lm model directory "
                         "(default: SmolLM2-135M-Instruct)")

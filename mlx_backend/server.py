@@ -645,6 +645,8 @@ def register(subparsers) -> None:
             "  curl localhost:8080/v1/chat/completions -H 'Content-Type: application/json' \\\n"
             "    -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Repeat: a b c a b c\"}]}'"),
     )
+    p.add_argument("--backend", choices=("mlx",), default="mlx",
+                   help="mlx only: the server is mlx_lm.server (accepted, like every command's --backend)")
     p.add_argument("--model", metavar="PATH",
                    help="a .gguf file (llama architecture) or an mlx-lm model directory (default: SmolLM2-135M-Instruct)")
     p.add_argument("--dtype", choices=("auto", "quantized", "float32", "float16", "bfloat16"), default="auto",

@@ -135,6 +135,9 @@ def register(subparsers) -> None:
                     "mlx-lm and the NumPy reference both load: try the loop without a download. The same\n"
                     "--seed gives the same weights. Token ids 0..255 are UTF-8 bytes; 256 is <|endoftext|>.\n\n"
                     "example: ngram-spec tiny-model --arch qwen3_next --seed 1 --out tiny-next")
+    p.add_argument("--backend", choices=("reference", "mlx"), default=None,
+                   help="accepted like every command's --backend; the files written are the same for both "
+                        "(written with NumPy, read by either backend)")
     p.add_argument("--arch", choices=ARCHS, required=True,
                    help="qwen3_5 / qwen3_next: hybrid GatedDeltaNet + attention; llama: attention only; "
                         "llama_sliding: llama with sliding-window layers (the last 4 tokens)")
