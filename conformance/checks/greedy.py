@@ -121,6 +121,16 @@ def expected_flags(truth, offered, eos):
     return flags
 
 
+def run_scripted(impl, m, prompt, truth, plain, schedule, max_tokens, eos, where):
+    """Generate with drafts scripted from greedy's ``truth``; the output must be ``plain`` and the run must
+    follow the protocol (:func:`check_scripted_run`)."""
+    drafter = models.ScriptedDrafter(truth, schedule)
+    spec, flags = generate(impl, m, prompt, max_tokens, drafter=drafter, draft_max=8, eos=eos)
+    what = f"{where}, max_tokens {max_tokens}, eos {list(eos)}, drafts offered (position, drafts) {drafter.offered}"
+    assert_same_tokens(impl, m, prompt, plain, spec, what)
+    check_scripted_run(drafter, prompt, truth, eos, flags, spec == plain, what)
+
+
 @check("greedy", needs=GENERATE,
        given=dict(model=models.models, prompt=models.prompts(), max_tokens=st.integers(1, 20),
                   schedule=schedules(), eos_at=st.one_of(st.none(), st.integers(0, 19))), examples=50)
@@ -130,12 +140,8 @@ def forced_right_wrong_and_empty_drafts(impl, model, prompt, max_tokens, schedul
     truth, _ = generate(impl, m, prompt, max_tokens)
     eos = (truth[eos_at],) if eos_at is not None and eos_at < len(truth) else ()
     plain = truth[:truth.index(eos[0]) + 1] if eos else truth
-    drafter = models.ScriptedDrafter(truth, schedule)
-    spec, flags = generate(impl, m, prompt, max_tokens, drafter=drafter, draft_max=8, eos=eos)
-    what = (f"tiny {model[0]} (seed {model[1]}), prompt {prompt}, max_tokens {max_tokens}, eos {list(eos)}, "
-            f"drafts offered (position, drafts) {drafter.offered}")
-    assert_same_tokens(impl, m, prompt, plain, spec, what)
-    check_scripted_run(drafter, prompt, truth, eos, flags, spec == plain, what)
+    run_scripted(impl, m, prompt, truth, plain, schedule, max_tokens, eos,
+                 f"tiny {model[0]} (seed {model[1]}), prompt {prompt}")
 
 
 def check_scripted_run(drafter, prompt, truth, eos, flags, same, what) -> None:
@@ -168,14 +174,8 @@ def eos_first_last_and_inside_an_accepted_run(impl):
         ("EOS as the last token max_tokens allows", last, [("true", 2), ("true", 8)], last + 1),
     ]
     for label, at, schedule, max_tokens in cases:
-        eos = (truth[at],)
-        plain = truth[:at + 1]
-        drafter = models.ScriptedDrafter(truth, schedule)
-        spec, flags = generate(impl, m, prompt, max_tokens, drafter=drafter, draft_max=8, eos=eos)
-        what = (f"{label}: tiny qwen3_5 (seed 0), prompt {prompt}, max_tokens {max_tokens}, eos {list(eos)}, "
-                f"drafts offered (position, drafts) {drafter.offered}")
-        assert_same_tokens(impl, m, prompt, plain, spec, what)
-        check_scripted_run(drafter, prompt, truth, eos, flags, spec == plain, what)
+        run_scripted(impl, m, prompt, truth, truth[:at + 1], schedule, max_tokens, (truth[at],),
+                     f"{label}: tiny qwen3_5 (seed 0), prompt {prompt}")
 
 
 @check("greedy", needs=GENERATE,
