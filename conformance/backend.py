@@ -17,7 +17,7 @@ BUILTIN = {"reference": "conformance.adapters.reference", "mlx": "conformance.ad
 # The protocol: member -> what it is. A backend provides any subset; checks needing a missing member
 # are reported as not applicable.
 PROTOCOL = {
-    "NgramDrafter": "class NgramDrafter(c_st=None, c_dyn=None): reset(prompt), extend(tokens), draft(n_draft) -> list[int]",
+    "NgramDrafter": "class NgramDrafter(c_st=None, c_dyn=None): reset(prompt), extend(tokens), draft(n_draft) -> list[int] (n_draft < 0 raises ValueError)",
     "build_static": "build_static(tokens) -> cache of the 2-gram counts of tokens (llama-lookup-create)",
     "context_counts": "context_counts(drafter) -> cache: the drafter's context cache c_ctx",
     "cache_entries": "cache_entries(cache) -> rows (n, t0, t1, t2, t3, token, count)",
@@ -30,7 +30,8 @@ PROTOCOL = {
     "generate_step": "generate_step(model, prompt, max_tokens, drafter=None, draft_max=4, eos=()) yields "
                      "(token, from_draft): greedy decoding, speculative with drafts from drafter (any object with "
                      "reset/extend/draft) when given; with a drafter, from_draft is required: True exactly for "
-                     "accepted drafts",
+                     "accepted drafts; draft_max=None: the backend's own draft-length policy (any, e.g. a fixed "
+                     "length or a cost-aware one)",
     "sample_step": "sample_step(model, prompt, max_tokens, temperature, seed, drafter=None, draft_max=4) "
                    "yields tokens sampled at temperature > 0, reproducibly from seed",
     "make_cache": "make_cache(model) -> an empty model state (KV rows, conv windows, recurrent states)",

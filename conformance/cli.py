@@ -38,6 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check", action="append", metavar="ID",
                         help="run only checks whose id matches (a glob such as 'drafting.*'; repeatable)")
     parser.add_argument("--examples", type=int, metavar="N", help="random examples per property check")
+    parser.add_argument("-x", "--exitfirst", action="store_true",
+                        help="stop at the first failed check (the checks after it are not run or reported)")
     parser.add_argument("--list", action="store_true", help="list the checks and the backend protocol, run nothing")
     parser.add_argument("-q", "--quiet", action="store_true", help="print only the summary")
 
@@ -62,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     if args.examples is not None and args.examples < 1:
         raise ValueError(f"--examples must be >= 1, got {args.examples}")
     backend = resolve(args.backend)
-    options = Options(thorough=args.thorough, examples=args.examples)
+    options = Options(thorough=args.thorough, examples=args.examples, exitfirst=args.exitfirst)
     if args.seed is not None:
         options.seed = args.seed
     target = f" ({BUILTIN[backend.name]})" if backend.name in BUILTIN else ""

@@ -2,25 +2,35 @@
 
     python -m conformance.mutation                                # every rule module (hours)
     python -m conformance.mutation --module reference/draft.py    # one module
+    python -m conformance.mutation --sample 40 --jobs 2           # 40 mutants a module, two at a time
+    python -m conformance.mutation --session DIR --rerun-survivors  # after strengthening the suite
     python -m conformance.mutation --report SESSION_DIR           # the table of a (partial) session
 
 Each rule module is mutated by cosmic-ray (https://cosmic-ray.readthedocs.io; ``pip install
 'ngram-spec[test]'``) in a copy of the packages under the session directory, so no file of the
 checkout is touched. The test command of every mutant is the suite's default run at a fixed seed,
-restricted to the areas whose checks call the module (:data:`MODULES`): exit status 1 (a check
-failed) kills the mutant, 0 lets it survive; a mutant that cannot be imported or runs past the
+restricted to the areas whose checks call the module (:data:`MODULES`) and stopped at the first
+failed check (``--exitfirst``): exit status 1 (a check failed) kills the mutant, 0 lets it survive; a mutant that cannot be imported or runs past the
 timeout counts as killed, as cosmic-ray counts it. Survivors listed in :data:`EQUIVALENT` (by the
 mutated line: a mutant that changes no behaviour, with the reason) are reported as equivalent. A session can be stopped
 and run again with the same ``--session``: cosmic-ray resumes the mutants not yet tested.
+
+``--sample N`` tests a uniform random sample of N mutants of each module (drawn with ``--seed``; the
+others are marked skipped and reported as "not sampled"): the killed share of a sample estimates the
+module's, and the report gives its 95 % interval (Wilson). Each module is mutated in a copy of its own,
+so ``--jobs`` modules run at once.
 """
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import random
 import shutil
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,8 +74,42 @@ EQUIVALENT: dict[tuple[str, str], str] = {
         "adding 2^31 modulo 2^32 flips bit 31, as the xor does",
     ("reference/draft.py", "window = [int(t) for t in inp[not LLAMA_NGRAM_MAX:]]  # the tail of S that the n-grams reach"):
         "the whole input instead of its last 4 tokens: only the last 4 are read",
+    ("mlx_backend/generate.py", "verifier = VerifyCache(model, cache, gdn_path) if draft_max != -1 else None"):
+        "draft_max = -1 is refused above, so a verifier is also made for draft_max = 0, a run that never "
+        "verifies: the same tokens, one unused wrapper",
+    ("mlx_backend/ngram_tables.py",
+     "best_y, best_c, best_w, best_s = np.int64(-1), np.int64( 1), np.int64(1), np.int64(0)"):
+        "exact scores: the start (-1, c=1, w=1) is kept only when the most frequent follower is a static one, "
+        "whose score c * 100 * c_st >= 100 beats it, as every other static follower's does; a follower with "
+        "w = 1 never wins then; int32 scores compare best_s, not best_c",
 }
 ANNOTATION = "an annotation, never evaluated (from __future__ import annotations)"
+
+_STATS = ("SpecStats diagnostics that --json and the server report; the protocol's generate_step yields "
+          "tokens and from_draft flags only, so no backend is asked for them")
+_RESPONSE = ("a timing / memory field of stream_generate's mlx-lm GenerationResponse, a wrapper around "
+             "generate_step that the protocol does not call")
+# (module, the original line of a surviving mutant) -> why the suite cannot see that line: the mutant
+# changes behaviour, but none that the protocol defines. Still counted as survivors.
+OUT_OF_REACH: dict[tuple[str, str], str] = {
+    ("mlx_backend/generate.py", "stats.draft_lengths[k] = stats.draft_lengths.get(k, 0) + 1"): _STATS,
+    ("mlx_backend/generate.py", "stats.leave_plain += 1"): _STATS,
+    ("mlx_backend/generate.py", "stats.enter_plain += 1"): _STATS,
+    ("mlx_backend/generate.py", "stats.t_draft += time.perf_counter() - t0"): _STATS,
+    ("mlx_backend/generate.py", "generation_tokens=n + 1,"): _RESPONSE,
+    ("mlx_backend/generate.py", "max_tokens: int = 256,"):
+        "the default of stream_generate's max_tokens (mlx-lm's), an argument the protocol always passes",
+    ("mlx_backend/generate.py", "generation_tps=(n + 1) / max(time.perf_counter() - tic, 1e-9),"): _RESPONSE,
+    ("mlx_backend/generate.py", "generation_tps=(n + 1) / (time.perf_counter() - tic),"): _RESPONSE,
+    ("mlx_backend/generate.py", "peak_memory=mx.get_peak_memory() / 1e9, finish_reason=None)"): _RESPONSE,
+    ("mlx_backend/generate.py", "peak_memory=mx.get_peak_memory() / 1e9,"): _RESPONSE,
+    ("mlx_backend/generate.py", "proposal = propose(1 + room(n_out + 1))"):
+        "the length of the proposal the cost-aware policy weighs in plain mode: it changes which drafts are "
+        "verified (speed), never a token or a flag; the protocol checks what is generated, not how fast",
+    ("mlx_backend/generate.py", 'f"{n_vocab} tokens (ids 0..{n_vocab - 1}): was the prompt made with another '
+                                'tokenizer?")'):
+        "the wording of an error message (the error itself is tested in tests/test_mlx_generate.py)",
+}
 
 
 def annotation_spans(module: str) -> list[tuple[tuple[int, int], tuple[int, int]]]:
@@ -83,7 +127,7 @@ def annotation_spans(module: str) -> list[tuple[tuple[int, int], tuple[int, int]
 
 def config_text(module: str, backend: str, areas, seed: int, timeout: float) -> str:
     areas_args = " ".join(f"--area {a}" for a in areas)
-    command = f"{sys.executable} -m conformance --backend {backend} --seed {seed} -q {areas_args}"
+    command = f"{sys.executable} -m conformance --backend {backend} --seed {seed} -q --exitfirst {areas_args}"
     return (f'[cosmic-ray]\nmodule-path = "{module}"\ntimeout = {timeout}\nexcluded-modules = []\n'
             f'test-command = "{command}"\n\n[cosmic-ray.distributor]\nname = "local"\n')
 
@@ -93,18 +137,49 @@ def session_paths(session: Path, module: str) -> tuple[Path, Path]:
     return session / f"{stem}.toml", session / f"{stem}.sqlite"
 
 
-def run_module(session: Path, module: str, seed: int, timeout: float) -> None:
-    """Initialise (once) and execute the cosmic-ray session of ``module`` in the copy under ``session``."""
+def sample(db: Path, n: int, seed: int) -> None:
+    """Mark all but a seeded uniform sample of ``n`` of the pending mutants as skipped (not sampled)."""
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import WorkerOutcome, WorkResult
+
+    with use_db(str(db), WorkDB.Mode.open) as work_db:
+        items = sorted(work_db.pending_work_items, key=lambda i: (  # job ids are random: order by the mutation
+            str(i.mutations[0].module_path), tuple(i.mutations[0].start_pos), i.mutations[0].operator_name,
+            i.mutations[0].occurrence))
+        if len(items) > n:
+            keep = {i.job_id for i in random.Random(f"{seed}:{db.name}").sample(items, n)}
+            work_db.set_multiple_results([i.job_id for i in items if i.job_id not in keep],
+                                         WorkResult(worker_outcome=WorkerOutcome.SKIPPED))
+
+
+def forget_survivors(db: Path) -> int:
+    """Make the survivors of a session pending again (to test them against a strengthened suite)."""
+    import sqlite3
+
+    with sqlite3.connect(db) as con:
+        n = con.execute("DELETE FROM work_results WHERE test_outcome = 'SURVIVED'").rowcount
+    return n
+
+
+def run_module(session: Path, module: str, seed: int, timeout: float, n_sample: int | None,
+               rerun_survivors: bool = False) -> None:
+    """Initialise (once) and execute the cosmic-ray session of ``module`` in its copy under ``session``;
+    ``rerun_survivors``: first copy the checkout's packages over the copy and make the survivors pending."""
     backend, areas = MODULES[module]
-    tree = session / "tree"
-    if not tree.exists():
-        for package in PACKAGES:
-            shutil.copytree(ROOT / package, tree / package, ignore=shutil.ignore_patterns("__pycache__"))
     config, db = session_paths(session, module)
+    tree = session / "trees" / config.stem
+    if not tree.exists() or rerun_survivors:
+        for package in PACKAGES:
+            shutil.copytree(ROOT / package, tree / package, ignore=shutil.ignore_patterns("__pycache__"),
+                            dirs_exist_ok=True)
+    if rerun_survivors and db.exists():
+        print(f"{module}: {forget_survivors(db)} survivors to test again", flush=True)
     env = dict(os.environ, PYTHONPATH=str(tree))
     if not db.exists():
         config.write_text(config_text(module, backend, areas, seed, timeout))
         subprocess.run(["cosmic-ray", "init", str(config), str(db)], cwd=tree, env=env, check=True)
+        if n_sample is not None:
+            sample(db, n_sample, seed)
     subprocess.run(["cosmic-ray", "exec", str(config), str(db)], cwd=tree, env=env, check=True)
 
 
@@ -112,7 +187,10 @@ def tally(session: Path, module: str) -> dict:
     """killed / survived / equivalent / pending counts of ``module``'s session, and the survivors."""
     from cosmic_ray.work_db import WorkDB, use_db
 
-    out = {"killed": 0, "survived": 0, "equivalent": 0, "pending": 0, "survivors": [], "equivalents": []}
+    from cosmic_ray.work_item import WorkerOutcome
+
+    out = {"killed": 0, "survived": 0, "out_of_reach": 0, "equivalent": 0, "pending": 0, "not_sampled": 0,
+           "survivors": [], "equivalents": []}
     _, db = session_paths(session, module)
     if not db.exists():
         return out
@@ -120,6 +198,9 @@ def tally(session: Path, module: str) -> dict:
     with use_db(str(db), WorkDB.Mode.open) as work_db:
         out["pending"] = sum(1 for _ in work_db.pending_work_items)
         for item, result in work_db.completed_work_items:
+            if result.worker_outcome == WorkerOutcome.SKIPPED:
+                out["not_sampled"] += 1
+                continue
             spec = item.mutations[0]
             changed = [line for line in (result.diff or "").splitlines()
                        if line[:1] in "+-" and line[:3] not in ("---", "+++")]
@@ -135,21 +216,60 @@ def tally(session: Path, module: str) -> dict:
                     out["equivalents"].append(f"{where} ({reason})")
                 else:
                     out["survived"] += 1
-                    out["survivors"].append(where)
+                    removed = next((line[1:].strip() for line in changed if line.startswith("-")), "")
+                    why = OUT_OF_REACH.get((module, removed))
+                    out["out_of_reach"] += why is not None
+                    out["survivors"].append(f"{where} (out of the protocol's reach: {why})" if why else where)
     return out
 
 
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95 % Wilson score interval of a proportion k / n."""
+    if n == 0:
+        return 0.0, 1.0
+    p, d = k / n, 1 + z * z / n
+    mid, half = (p + z * z / (2 * n)) / d, z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return max(0.0, mid - half), min(1.0, mid + half)
+
+
+def stratified(strata) -> tuple[float, float]:
+    """The killed share of all mutants estimated from per-module samples ``(module size, killed share, sample
+    size)``: the size-weighted mean of the shares and the half-width of its 95 % normal interval."""
+    total = sum(size for size, _, _ in strata)
+    est = sum(size * p for size, p, _ in strata) / total
+    var = sum((size / total) ** 2 * p * (1 - p) / n * max(0.0, 1 - n / size) for size, p, n in strata)
+    return est, 1.96 * math.sqrt(var)
+
+
 def report(session: Path, modules) -> str:
-    lines = ["| module | killed | survived | equivalent | not run | killed / non-equivalent |",
-             "|---|---|---|---|---|---|"]
-    survivors, equivalents = [], []
+    lines = ["| module | killed | survived (out of reach) | equivalent | not run | not sampled "
+             "| killed / non-equivalent (95 % interval) |",
+             "|---|---|---|---|---|---|---|"]
+    survivors, equivalents, total, strata = [], [], [0, 0], []
     for module in modules:
         t = tally(session, module)
         done = t["killed"] + t["survived"]
-        rate = f"{100 * t['killed'] / done:.0f} %" if done else "-"
-        lines.append(f"| `{module}` | {t['killed']} | {t['survived']} | {t['equivalent']} | {t['pending']} | {rate} |")
+        total[0] += t["killed"]
+        total[1] += done
+        if done:  # (mutants of the module, its sample's killed share, sample size) for the weighted estimate
+            tested = done + t["equivalent"]
+            size = (tested + t["pending"] + t["not_sampled"]) * done / tested
+            strata.append((size, t["killed"] / done, done))
+        lo, hi = wilson(t["killed"], done)
+        rate = f"{100 * t['killed'] / done:.0f} % ({100 * lo:.0f}-{100 * hi:.0f})" if done else "-"
+        lines.append(f"| `{module}` | {t['killed']} | {t['survived']} ({t['out_of_reach']}) | {t['equivalent']} "
+                     f"| {t['pending']} "
+                     f"| {t['not_sampled']} | {rate} |")
         survivors += t["survivors"]
         equivalents += t["equivalents"]
+    if total[1]:
+        lo, hi = wilson(*total)
+        lines.append(f"| all (the samples pooled) | {total[0]} | {total[1] - total[0]} | | | | "
+                     f"{100 * total[0] / total[1]:.1f} % ({100 * lo:.0f}-{100 * hi:.0f}) |")
+        if any(size > n for size, _, n in strata):  # sampled: weigh each module by its non-equivalent mutants
+            est, half = stratified(strata)
+            lines.append(f"| all (weighted by each module's mutants) | | | | | | {100 * est:.1f} % "
+                         f"({100 * max(0.0, est - half):.0f}-{100 * min(1.0, est + half):.0f}) |")
     return "\n".join(lines + ["", "survivors:"] + [f"  {s}" for s in survivors or ["none"]]
                      + ["", "equivalent:"] + [f"  {s}" for s in equivalents or ["none"]])
 
@@ -161,19 +281,28 @@ def main(argv=None) -> int:
     parser.add_argument("--session", type=Path, help="session directory (kept; default: a new temporary one)")
     parser.add_argument("--seed", type=int, default=1, help="the suite's seed (default 1)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per mutant before it counts as killed")
+    parser.add_argument("--sample", type=int, metavar="N",
+                        help="test a random sample of N mutants of each module (drawn with --seed; default: all)")
+    parser.add_argument("--jobs", type=int, default=1, help="modules mutated at once, each in its own copy (default 1)")
+    parser.add_argument("--rerun-survivors", action="store_true",
+                        help="test the survivors of --session again, against the checkout's current suite")
     parser.add_argument("--report", action="store_true", help="only print the table of --session")
     args = parser.parse_args(argv)
     modules = args.module or list(MODULES)
     if args.report and args.session is None:
         parser.error("--report needs --session DIR")
+    if args.sample is not None and args.sample < 1 or args.jobs < 1:
+        parser.error("--sample and --jobs must be >= 1")
     session = args.session or Path(tempfile.mkdtemp(prefix="ngram-spec-mutation-"))
     session.mkdir(parents=True, exist_ok=True)
     if shutil.which("cosmic-ray") is None:
         parser.error("cosmic-ray is not installed: pip install 'ngram-spec[test]'")
     if not args.report:
         print(f"session: {session}", flush=True)
-        for module in modules:
-            run_module(session, module, args.seed, args.timeout)
+        with ThreadPoolExecutor(args.jobs) as pool:
+            for done in [pool.submit(run_module, session, m, args.seed, args.timeout, args.sample,
+                                     args.rerun_survivors) for m in modules]:
+                done.result()
     print(report(session, modules))
     return 0
 

@@ -31,6 +31,7 @@ class Options:
     seed: int = field(default_factory=lambda: random.randrange(2**31))
     thorough: bool = False
     examples: int | None = None  # overrides every property check's number of examples
+    exitfirst: bool = False      # stop after the first failed check
 
     def max_examples(self, check: Check) -> int:
         if self.examples is not None:
@@ -185,5 +186,7 @@ def run_suite(backend: Backend, checks: Iterable[Check], options: Options,
         report.results.append(result)
         if on_result:
             on_result(result)
+        if options.exitfirst and result.status == FAILED:
+            break
     report.seconds = time.perf_counter() - t0
     return report

@@ -6,7 +6,8 @@ wrote: the opening of the installed Python standard library's ``textwrap.py``. B
 mlx-lm model directory (SmolLM2's GGUF written out as float32 safetensors) and get the same requests,
 alternating turn by turn, greedy. Reported per turn: tokens/s of each server (wall clock of the request,
 as the client sees it), their ratio, acceptance and tokens per forward; and the same loop run a second
-time with the dynamic cache learned from the first run. The answers of both servers must be identical.
+time with the dynamic cache learned from the first run. ``test_bench_free_chat_vs_mlx_lm_server``: single-turn
+free-writing chats on the same two servers (target >= 0.97x). The answers of both servers must be identical.
 
 Run: ``python3 -m pytest --benchmark-only tests/test_bench_server.py`` (optionally with OpenBLAS, see
 docs/benchmarks.md: ``LD_PRELOAD=... OPENBLAS_NUM_THREADS=1``; the servers inherit the environment).
@@ -99,25 +100,48 @@ def edit_loop(servers: dict[str, Server]) -> list[dict]:
     return rows
 
 
-def test_bench_edit_loop_vs_mlx_lm_server(benchmark, smollm2_dir, tmp_path):
+FREE_CHAT = (  # free writing: the answer copies nothing from the prompt
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "Explain to a ten-year-old why the sky is blue.",
+    "Write a poem about autumn rain in a small town.",
+)
+FREE_ROUNDS = int(os.environ.get("NGRAM_SPEC_BENCH_FREE_ROUNDS", "2"))
+
+
+@pytest.fixture(scope="module")
+def servers(smollm2_dir, tmp_path_factory):
+    """``ngram-spec serve`` (default settings, a dynamic cache) and plain ``mlx_lm.server`` on the same directory."""
+    dynamic = tmp_path_factory.mktemp("dynamic") / "dyn.ngram"
+    spec = Server("--model", str(smollm2_dir), "--dynamic", str(dynamic), *SERVE_ARGS, timeout=600,
+                  request_timeout=3600)
+    try:
+        plain = Server("server", "--model", str(smollm2_dir), module="mlx_lm", timeout=600, request_timeout=3600)
+    except BaseException:
+        spec.stop(check=False)
+        raise
+    yield {"ngram-spec": spec, "mlx_lm": plain}
+    try:
+        spec.stop()
+    finally:
+        plain.stop(check=False)  # mlx_lm.server does not handle SIGTERM
+
+
+def conditions() -> dict:
     from mlx_backend.cli import blas_in_use
 
-    spec = Server("--model", str(smollm2_dir), "--dynamic", str(tmp_path / "dyn.ngram"), *SERVE_ARGS, timeout=600,
-                  request_timeout=3600)
-    plain = Server("server", "--model", str(smollm2_dir), module="mlx_lm", timeout=600, request_timeout=3600)
-    try:
-        runs = {}
+    return dict(blas=blas_in_use(), machine=f"{platform.machine()}, {os.cpu_count()} CPUs",
+                python=sys.version.split()[0], max_tokens=MAX_TOKENS, serve_args=" ".join(SERVE_ARGS),
+                load_average=[round(x, 2) for x in os.getloadavg()])
 
-        def both():
-            runs["first"] = edit_loop({"ngram-spec": spec, "mlx_lm": plain})
-            runs["learned"] = edit_loop({"ngram-spec": spec, "mlx_lm": plain})  # dynamic cache from "first"
 
-        benchmark.pedantic(both, rounds=1, iterations=1)
-    finally:
-        try:
-            spec.stop()
-        finally:
-            plain.stop(check=False)  # mlx_lm.server does not handle SIGTERM
+def test_bench_edit_loop_vs_mlx_lm_server(benchmark, servers):
+    runs = {}
+
+    def both():
+        runs["first"] = edit_loop(servers)
+        runs["learned"] = edit_loop(servers)  # the dynamic cache holds the first run's answers
+
+    benchmark.pedantic(both, rounds=1, iterations=1)
     report = {}
     for run, rows in runs.items():
         for row in rows:
@@ -131,7 +155,29 @@ def test_bench_edit_loop_vs_mlx_lm_server(benchmark, smollm2_dir, tmp_path):
         report[f"{run}_median_speedup"] = round(statistics.median(
             r["ngram-spec"]["tok_s"] / r["mlx_lm"]["tok_s"] for r in rows), 3)
     benchmark.extra_info.update(report)
-    benchmark.extra_info.update(blas=blas_in_use(), machine=platform.processor() or platform.machine(),
-                                python=sys.version.split()[0], max_tokens=MAX_TOKENS, file_lines=LINES,
-                                serve_args=" ".join(SERVE_ARGS))
+    benchmark.extra_info.update(conditions(), file_lines=LINES, target=2.0)
     print(json.dumps(report, indent=1))
+
+
+def test_bench_free_chat_vs_mlx_lm_server(benchmark, servers):
+    """Single-turn free-writing chats, each sent to both servers (alternating which goes first), ``FREE_ROUNDS``
+    times; the speedup is the median of the per-request ratios (target >= 0.97)."""
+    rows = []
+
+    def chats():
+        for r in range(FREE_ROUNDS):
+            for i, prompt in enumerate(FREE_CHAT):
+                names = list(servers) if (r + i) % 2 == 0 else list(servers)[::-1]
+                rows.append({name: run_turn(servers[name], [{"role": "user", "content": prompt}]) for name in names})
+
+    benchmark.pedantic(chats, rounds=1, iterations=1)
+    for row in rows:
+        assert row["ngram-spec"]["text"] == row["mlx_lm"]["text"], "answers differ"
+    ratios = [row["ngram-spec"]["tok_s"] / row["mlx_lm"]["tok_s"] for row in rows]
+    benchmark.extra_info.update(conditions(), target=0.97, ratios=[round(r, 3) for r in ratios],
+                                median_speedup=round(statistics.median(ratios), 3),
+                                spec_tok_s=round(statistics.median(r["ngram-spec"]["tok_s"] for r in rows), 2),
+                                mlx_lm_tok_s=round(statistics.median(r["mlx_lm"]["tok_s"] for r in rows), 2),
+                                drafted=sum(r["ngram-spec"]["draft_n"] for r in rows),
+                                accepted=sum(r["ngram-spec"]["accepted"] for r in rows))
+    print(json.dumps(benchmark.extra_info, indent=1))

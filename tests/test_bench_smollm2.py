@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -127,19 +128,25 @@ def test_bench_smollm2_spec_vs_plain(benchmark, smollm2, kind):
     })
 
 
-def _generate_command(blas: str, cache_dir: Path, *extra: str) -> tuple[float, list[int], str]:
-    """Seconds of ``ngram-spec generate`` on the free-writing prompt, end to end, its tokens and its BLAS."""
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _generate_command(blas: str, cache_dir: Path, *extra: str) -> tuple[float, float, list[int], str]:
+    """Wall and CPU seconds of ``ngram-spec generate`` on the free-writing prompt, end to end (the CPU time
+    of the process and its re-executed child), its tokens and its BLAS."""
     free = next(p.text for p in mlx_cli.DEMO_PROMPTS if p.kind == "free writing")
     max_tokens = os.environ.get("NGRAM_SPEC_BENCH_TOKENS", "96")
     env = {**os.environ, "NGRAM_SPEC_CACHE_DIR": str(cache_dir)}
-    t0 = time.perf_counter()
+    cpu0, t0 = _children_cpu(), time.perf_counter()
     out = subprocess.run([sys.executable, "-m", "reference", "generate", "--prompt", free, "--max-tokens", max_tokens,
                           "--blas", blas, "--json", *extra], capture_output=True, text=True, env=env, timeout=900,
                          cwd=Path(__file__).parents[1])
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, _children_cpu() - cpu0
     assert out.returncode == 0, out.stderr[-2000:]
     record = json.loads(out.stdout.splitlines()[-1])
-    return seconds, record["tokens"], record["blas"]
+    return seconds, cpu, record["tokens"], record["blas"]
 
 
 @pytest.mark.parametrize("blas", ["bundled", "wheel"])
@@ -147,29 +154,39 @@ def test_bench_generate_default_vs_no_spec(benchmark, smollm2, blas, tmp_path):
     if blas == "wheel" and wheel_openblas() is None:
         pytest.skip("the cmeel-openblas wheel is not installed")
     times = {"no_spec": [], "first": [], "later": []}
+    cpu = {"no_spec": [], "first": [], "later": []}
     tokens, blas_used = {}, None
     n_round = iter(range(ROUNDS))
 
+    def run(name, cache, *extra):
+        seconds, cpu_seconds, tokens[name], used = _generate_command(blas, cache, *extra)
+        times[name].append(seconds)
+        cpu[name].append(cpu_seconds)
+        return used
+
     def first_and_no_spec():   # untimed by pytest-benchmark, timed here: side by side with the later run
-        cache = tmp_path / f"cache{next(n_round)}"   # empty: a first run on this machine
-        for name, extra in (("first", ()), ("no_spec", ("--no-spec",))):
-            seconds, tokens[name], _ = _generate_command(blas, cache, *extra)
-            times[name].append(seconds)
+        i = next(n_round)
+        cache = tmp_path / f"cache{i}"   # empty: a first run on this machine
+        runs = (("first", ()), ("no_spec", ("--no-spec",)))
+        for name, extra in runs if i % 2 == 0 else runs[::-1]:   # each order in half the rounds
+            run(name, cache, *extra)
         return (cache,), {}
 
     def later(cache):
         nonlocal blas_used
-        seconds, tokens["later"], blas_used = _generate_command(blas, cache)
-        times["later"].append(seconds)
+        blas_used = run("later", cache)
 
     benchmark.pedantic(later, setup=first_and_no_spec, rounds=ROUNDS, iterations=1)
     assert tokens["first"] == tokens["no_spec"] == tokens["later"], "default generate changed the greedy output"
     ratio = {k: [t / n for t, n in zip(times[k], times["no_spec"])] for k in ("first", "later")}
+    cpu_ratio = {k: [t / n for t, n in zip(cpu[k], cpu["no_spec"])] for k in ("first", "later")}
     benchmark.extra_info.update({
         "blas": blas_used, "model": smollm2[2], "machine": f"{os.cpu_count()} CPUs",
         "load_average": [round(x, 2) for x in os.getloadavg()], "tokens": len(tokens["no_spec"]),
         **{f"{k}_s": round(statistics.median(v), 2) for k, v in times.items()},
         **{f"{k}_vs_no_spec": round(statistics.median(v), 3) for k, v in ratio.items()},
         **{f"{k}_ratios": [round(r, 3) for r in v] for k, v in ratio.items()},
+        **{f"{k}_cpu_s": round(statistics.median(v), 2) for k, v in cpu.items()},
+        **{f"{k}_cpu_vs_no_spec": round(statistics.median(v), 3) for k, v in cpu_ratio.items()},
         "target": 1.03,
     })

@@ -49,6 +49,15 @@ def test_broken_backend_fails_with_example_seed_and_json(tmp_path):
     assert all(c["message"] and c["seed"] == 7 for c in failed)
 
 
+def test_exitfirst_stops_at_the_first_failed_check(tmp_path):
+    out = tmp_path / "report.json"
+    p = run("--backend", "example_backends:truncating", "--seed", "7", "--area", "drafting", "-x", "--json", str(out))
+    assert p.returncode == 1, p.stdout + p.stderr
+    checks = [c for a in json.loads(out.read_text())["areas"] for c in a["checks"]]
+    assert [c["status"] for c in checks][-1] == "failed"
+    assert sum(c["status"] == "failed" for c in checks) == 1 and len(checks) < 4
+
+
 def test_reproduce_line_reproduces_the_same_example():
     args = ["--backend", "example_backends:truncating", "--seed", "7", "--check",
             "thresholds.tiny_vocabulary_context_only"]

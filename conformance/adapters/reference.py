@@ -14,6 +14,7 @@ from reference.api import (  # noqa: F401  (protocol members)
     replay,
     save_cache,
 )
+from reference.cli.model import REFERENCE_DRAFT_MAX
 from reference.models import load_model  # noqa: F401
 from reference.speculative import greedy_generate, speculative_generate
 
@@ -48,6 +49,7 @@ def generate_step(model, prompt, max_tokens, drafter=None, draft_max=4, eos=()):
             yield token, False
         return
     recorded, steps = _Recorded(drafter), []
+    draft_max = REFERENCE_DRAFT_MAX if draft_max is None else draft_max  # the reference's own length: fixed
     speculative_generate(model, prompt, max_tokens, recorded, draft_max, eos=eos, on_tokens=steps.append)
     drafts = [[]] + recorded.drafts  # the prompt's forward emits the first token, with no draft
     drafts += [[]] * (len(steps) - len(drafts))  # a step with no room for drafts (k = 0) calls no draft()

@@ -117,3 +117,21 @@ def merged_counts_past_16_and_31_bits(impl):
     except (ValueError, OverflowError):
         return  # refusing a count that llama.cpp's int32 files cannot hold is allowed
     assert got == want, "merge of caches whose counts sum to 2^31 + 5 (exact or an error): " + _diff(got, want)
+
+
+@check("counts", needs=("NgramDrafter", "context_counts", "cache_entries"))
+def context_cache_grows_token_by_token(impl):
+    """A fixed case: a 6,000-token stream of mostly new n-grams extended one token at a time (a table that
+    must grow thousands of times) holds every n-gram of sizes 1..4 with its count."""
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    tokens = rng.integers(0, 2**31 - 1, 6_000).tolist()
+    tokens[3000:3400] = tokens[:400]  # some repeats: counts of 2
+    drafter = impl.NgramDrafter()
+    drafter.reset(tokens[:1])
+    for t in tokens[1:]:
+        drafter.extend([t])
+    got, want = _rows(impl, impl.context_counts(drafter)), oracle.rows(oracle.counts(tokens))
+    assert got == want, "the fixed 6,000-token stream of context_cache_grows_token_by_token: " + _diff(got, want)
+

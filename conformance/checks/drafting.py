@@ -107,3 +107,23 @@ def golden_draft_dumps_text(impl):
     golden_first_chunks(impl, names)
 
 
+@check("drafting", needs=("NgramDrafter",))
+def long_drafts_and_negative_lengths(impl):
+    """Fixed cases at the ends of ``n_draft``: a draft that cycles goes on to exactly ``n_draft`` tokens
+    (257 and 1000: past a byte, past CPython's small-int cache), ``draft(0)`` is empty, and ``draft(-1)``
+    raises ValueError (a length below 0 is a caller's error, not an empty draft)."""
+    seq = [1, 2, 3, 4, 5] * 3
+    drafter = impl.NgramDrafter()
+    drafter.reset(seq)
+    for n_draft in (0, 257, 1000):
+        got = [int(t) for t in drafter.draft(n_draft)]
+        want = oracle.draft(seq, n_draft, oracle.counts(seq))
+        assert got == want, (f"draft({n_draft}) after {seq}: the rules draft {len(want)} tokens "
+                             f"{want[:8]}..., the backend drafted {len(got)} {got[:8]}...")
+    try:
+        drafter.draft(-1)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("draft(-1) returned instead of raising ValueError")
+

@@ -104,6 +104,26 @@ def speculative_equals_plain_greedy(impl, model, prompt, max_tokens, draft_max):
                                f"drafts) {offered}")
 
 
+@check("greedy", needs=GENERATE + ("NgramDrafter",),
+       given=dict(model=models.models, prompt=models.prompts(), max_tokens=st.integers(1, 24)), examples=25)
+def default_draft_length_equals_plain_greedy(impl, model, prompt, max_tokens):
+    """With ``draft_max=None`` (the backend's own draft-length policy: one that may draft nothing, or
+    decode plainly while it keeps asking the drafter), output still equals plain greedy; the drafter is
+    handed exactly the prompt and the emitted tokens, and a token flagged from_draft was drafted there."""
+    m = models.load(impl, *model)
+    plain, _ = generate(impl, m, prompt, max_tokens)
+    drafter = ObservedDrafter(impl.NgramDrafter())
+    spec, flags = generate(impl, m, prompt, max_tokens, drafter=drafter, draft_max=None)
+    what = f"tiny {model[0]} (seed {model[1]}), prompt {prompt}, max_tokens {max_tokens}, draft_max None"
+    assert_same_tokens(impl, m, prompt, plain, spec, what)
+    if spec == plain:
+        offered = check_drafter_calls(drafter, prompt, spec, max_tokens, what)
+        for i in (i for i, f in enumerate(flags) if f):
+            assert any(pos <= i < pos + len(d) and d[:i - pos + 1] == spec[pos:i + 1] for pos, d in offered), (
+                f"{what}: token {i} ({spec[i]}) is flagged from_draft, but no draft call offered the output up to "
+                f"it; drafts offered (position, drafts): {offered}")
+
+
 def expected_flags(truth, offered, eos):
     """The from_draft flags implied by the drafts offered at each position (none offered: no draft):
     a step accepts the drafts that match the greedy tokens, then emits one token of its own."""

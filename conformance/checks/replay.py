@@ -145,3 +145,24 @@ def replay_past_2_16_tokens(impl):
     assert problem is None, problem
     _compare_totals(stats, {"n_chunks": want.n_chunks, "n_draft_calls": len(want.calls),
                             "n_drafted": want.n_drafted, "n_accept": want.n_accept}, what)
+
+
+@check("replay", needs=("replay",))
+def replay_drafts_longer_than_the_chunk(impl):
+    """Fixed replays with ``n_draft`` beyond the chunk (n_ctx + 40) and no ``on_draft``, where a backend may
+    measure a draft without storing it: the totals follow lookup-stats' rules (drafts that cycle count
+    ``n_draft`` tokens each; substitutions reject them mid-draft), and the same with ``on_draft``."""
+    stream = ([1, 2, 3, 4, 5] * 30)[:140]
+    for i in (17, 40, 41, 77, 103):  # rejected drafts, some after a long accepted run
+        stream[i] = 9
+    n_ctx, n_draft = 64, 104
+    want = oracle.replay(stream, n_ctx, n_draft)
+    totals = {"n_chunks": want.n_chunks, "n_draft_calls": len(want.calls), "n_drafted": want.n_drafted,
+              "n_accept": want.n_accept}
+    what = f"replay of the fixed stream of replay_drafts_longer_than_the_chunk, n_ctx={n_ctx}, n_draft={n_draft}"
+    _compare_totals(impl.replay(stream, n_ctx=n_ctx, n_draft=n_draft), totals, what + ", no on_draft")
+    stats, calls = _replay(impl, stream, n_ctx, n_draft, None, None)
+    problem = golden.first_difference(calls, [golden.dump_line(p, d) for p, d in want.calls], what)
+    assert problem is None, problem
+    _compare_totals(stats, totals, what)
+

@@ -101,6 +101,30 @@ def scores_past_32_bits(impl):
                          f"1 * 100 * 2^25 > 2^31), the backend drafted {got}")
 
 
+
+@check("thresholds", needs=("NgramDrafter", "load_cache"))
+def scores_past_64_bits(impl):
+    """Scores c * 100 * c_st(y) are exact past 2^64 (dynamic counts near 2^31 times static weights near
+    100 * 2^31: products of about 2^68 that differ in their last bits): the larger product wins, ties to
+    the smaller id; the winner then takes the share test (strict p_2 = 66 %), or the static fallback drafts."""
+    from conformance import golden, oracle
+
+    seq = [1, 2]
+    cases = [  # ((1, 2)'s dynamic followers, its static followers, the token the rules draft, why)
+        ({3: 2**31 - 1, 4: 2**30 - 1}, {3: 2**30, 4: 2**31 - 1}, "3 scores 100 (2^31 - 1) more: it wins, 66.7 % passes"),
+        ({3: 2**31 - 1, 4: 2**30}, {3: 2**30, 4: 2**31 - 1}, "equal products: the tie goes to 3, 66.7 % passes"),
+        ({3: 2**31 - 1, 4: 2**30 + 1}, {3: 2**30, 4: 2**31 - 1},
+         "4 scores 100 (2^31 - 1) more: it wins, its 33 % share fails; the static fallback drafts 4"),
+    ]
+    for dyn_follow, st_follow, why in cases:
+        c_dyn, c_st = {(1, 2): dyn_follow}, {(1, 2): st_follow}
+        drafter = impl.NgramDrafter(c_st=golden.to_backend(impl, c_st), c_dyn=golden.to_backend(impl, c_dyn))
+        drafter.reset(seq)
+        got, want = [int(t) for t in drafter.draft(1)], oracle.draft(seq, 1, oracle.counts(seq), c_dyn, c_st)
+        assert got == want, (f"draft(1) after {seq} with the dynamic cache {c_dyn} and the static cache {c_st}: the "
+                             f"rules draft {want} ({why}), the backend drafted {got}")
+
+
 # Dynamic-cache levels at their thresholds (strict a = 4 3 2 2, p = 75 66 66 66): follower counts
 # exactly at a_n and p_n, and one step below each.
 STRICT_BOUNDARIES = ({7: 3, 8: 1}, {7: 3}, {7: 74, 8: 26},  # n = 1: sum 4 with 75 %, sum 3, 74 %
