@@ -29,7 +29,8 @@ PROTOCOL = {
     "load_model": "load_model(model_dir) -> model, from an mlx-lm model directory",
     "generate_step": "generate_step(model, prompt, max_tokens, drafter=None, draft_max=4, eos=()) yields "
                      "(token, from_draft): greedy decoding, speculative with drafts from drafter (any object with "
-                     "reset/extend/draft) when given; with a drafter, from_draft is required: True exactly for "
+                     "reset/extend/draft) when given; with a drafter, a prompt id outside the vocabulary raises "
+                     "ValueError and from_draft is required: True exactly for "
                      "accepted drafts; draft_max=None: the backend's own draft-length policy (any, e.g. a fixed "
                      "length or a cost-aware one)",
     "sample_step": "sample_step(model, prompt, max_tokens, temperature, seed, drafter=None, draft_max=4) "

@@ -77,6 +77,8 @@ EQUIVALENT: dict[tuple[str, str], str] = {
     ("mlx_backend/generate.py", "verifier = VerifyCache(model, cache, gdn_path) if draft_max != -1 else None"):
         "draft_max = -1 is refused above, so a verifier is also made for draft_max = 0, a run that never "
         "verifies: the same tokens, one unused wrapper",
+    ("mlx_backend/ngram_tables.py", "t = list(ngram) + [-1] * (NGRAM_MAX // len(ngram))"):
+        "4 // n = 4 - n for n = 2, 3; for n = 1, 4 it pads one -1 more, past the 4 slots that are read",
     ("mlx_backend/ngram_tables.py",
      "best_y, best_c, best_w, best_s = np.int64(-1), np.int64( 1), np.int64(1), np.int64(0)"):
         "exact scores: the start (-1, c=1, w=1) is kept only when the most frequent follower is a static one, "
@@ -97,6 +99,9 @@ OUT_OF_REACH: dict[tuple[str, str], str] = {
     ("mlx_backend/generate.py", "stats.enter_plain += 1"): _STATS,
     ("mlx_backend/generate.py", "stats.t_draft += time.perf_counter() - t0"): _STATS,
     ("mlx_backend/generate.py", "generation_tokens=n + 1,"): _RESPONSE,
+    ("mlx_backend/generate.py", "if n + 1 == max_tokens:"):
+        "stream_generate's own count of max_tokens (mlx-lm's API over generate_step, which the protocol does not "
+        "call); tests/test_mlx_generate_stream.py compares it with mlx_lm.stream_generate",
     ("mlx_backend/generate.py", "max_tokens: int = 256,"):
         "the default of stream_generate's max_tokens (mlx-lm's), an argument the protocol always passes",
     ("mlx_backend/generate.py", "generation_tps=(n + 1) / max(time.perf_counter() - tic, 1e-9),"): _RESPONSE,

@@ -34,13 +34,13 @@ def load_model(model_dir):
 
 
 def _steps(model, prompt, max_tokens, drafter, draft_max, sampler):
-    prompt = mx.array(list(prompt), mx.uint32)
     if drafter is None:
-        for token, _ in mlx_lm_generate_step(prompt, model, max_tokens=max_tokens, sampler=sampler):
+        for token, _ in mlx_lm_generate_step(mx.array(list(prompt), mx.uint32), model, max_tokens=max_tokens,
+                                             sampler=sampler):
             yield int(token), False
-    else:
+    else:  # the ids as given: the generator checks them (an mx.uint32 array cannot hold -1)
         for token, _, from_draft in ngram_speculative_generate_step(
-                prompt, model, max_tokens=max_tokens, sampler=sampler, drafter=drafter, draft_max=draft_max):
+                list(prompt), model, max_tokens=max_tokens, sampler=sampler, drafter=drafter, draft_max=draft_max):
             yield int(token), bool(from_draft)
 
 

@@ -124,6 +124,25 @@ def default_draft_length_equals_plain_greedy(impl, model, prompt, max_tokens):
                 f"it; drafts offered (position, drafts): {offered}")
 
 
+@check("greedy", needs=GENERATE + ("NgramDrafter",))
+def prompt_ids_outside_the_vocabulary_are_refused(impl):
+    """A speculative generation refuses a prompt holding an id outside the model's vocabulary (-1, the
+    vocabulary size itself, 2^31 - 1) with ValueError, before any token: an embedding read past its
+    table is garbage or a crash, never an answer."""
+    m = models.load(impl, models.ARCHS[0], models.SEEDS[0])
+    bad = [-1, 2**31 - 1]
+    if all(getattr(impl, n, None) for n in ("forward", "make_cache")):
+        bad.append(int(np.asarray(impl.forward(m, [0], impl.make_cache(m))).shape[-1]))  # the vocabulary size
+    for t in bad:
+        prompt = [0, 1, t]
+        try:
+            out = list(impl.generate_step(m, prompt, 3, drafter=impl.NgramDrafter(), draft_max=2))
+        except ValueError:
+            continue
+        raise AssertionError(f"generate_step with the prompt {prompt} (id {t} is outside the vocabulary) "
+                             f"yielded {out} instead of raising ValueError")
+
+
 def expected_flags(truth, offered, eos):
     """The from_draft flags implied by the drafts offered at each position (none offered: no draft):
     a step accepts the drafts that match the greedy tokens, then emits one token of its own."""
