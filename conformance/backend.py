@@ -25,7 +25,8 @@ PROTOCOL = {
     "load_cache": "load_cache(path) -> cache, from llama.cpp's cache file format",
     "save_cache": "save_cache(cache, path): write llama.cpp's cache file format",
     "replay": "replay(tokens, n_ctx, n_draft, c_st=None, c_dyn=None, on_draft=None) -> stats "
-              "(n_chunks, n_draft_calls, n_drafted, n_accept); on_draft(pos, drafts) per draft call",
+              "(n_chunks, n_draft_calls, n_drafted, n_accept; optionally accept in percent); on_draft(pos, "
+              "drafts) per draft call; n_draft = 0 drafts nothing, n_draft < 0 raises ValueError",
     "load_model": "load_model(model_dir) -> model, from an mlx-lm model directory",
     "generate_step": "generate_step(model, prompt, max_tokens, drafter=None, draft_max=4, eos=()) yields "
                      "(token, from_draft): greedy decoding, speculative with drafts from drafter (any object with "

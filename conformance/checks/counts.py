@@ -94,14 +94,14 @@ def static_cache_of_a_long_stream(impl):
 
 
 # Counts at the widths a port may store them in: sums reaching 2^15, 2^16 and 2^31 - 1 exactly.
-WIDE_A = {(1, 2): {3: 2**15 - 1, 4: 2**16 - 1, 5: 2**31 - 2}, (2**31 - 2,): {2**16: 2**30 + 3}}
-WIDE_B = {(1, 2): {3: 1, 4: 1, 5: 1}, (2**31 - 2,): {2**16: 2**30 + 2}, (7, 8, 9): {1: 2**15}}
+WIDE_A = {(1, 2): {3: 2**15 - 1, 4: 2**16 - 1, 5: 2**31 - 2}, (2**31 - 2,): {2**16: 2**30 + 3, 9: 2**30}}
+WIDE_B = {(1, 2): {3: 1, 4: 1, 5: 1}, (2**31 - 2,): {2**16: 2**30 + 2, 9: 2**30}, (7, 8, 9): {1: 2**15}}
 
 
 @check("counts", needs=("load_cache", "merge_caches", "cache_entries"))
 def merged_counts_past_16_and_31_bits(impl):
     """Merging sums counts exactly up to 2^31 - 1 (sums reaching 2^15, 2^16, 2^31 - 1); a sum past
-    2^31 - 1 (2^31 + 5) is either exact or refused with an error, never wrapped."""
+    2^31 - 1 (2^31 exactly, 2^31 + 5) is either exact or refused with an error, never wrapped."""
     from conformance import golden
 
     a, b = golden.to_backend(impl, WIDE_A), golden.to_backend(impl, WIDE_B)
@@ -116,7 +116,7 @@ def merged_counts_past_16_and_31_bits(impl):
         got = _rows(impl, impl.merge_caches([a, b]))
     except (ValueError, OverflowError):
         return  # refusing a count that llama.cpp's int32 files cannot hold is allowed
-    assert got == want, "merge of caches whose counts sum to 2^31 + 5 (exact or an error): " + _diff(got, want)
+    assert got == want, "merge of caches whose counts sum to 2^31 and 2^31 + 5 (exact or an error): " + _diff(got, want)
 
 
 @check("counts", needs=("NgramDrafter", "context_counts", "cache_entries"))
@@ -134,4 +134,20 @@ def context_cache_grows_token_by_token(impl):
         drafter.extend([t])
     got, want = _rows(impl, impl.context_counts(drafter)), oracle.rows(oracle.counts(tokens))
     assert got == want, "the fixed 6,000-token stream of context_cache_grows_token_by_token: " + _diff(got, want)
+
+
+@check("counts", needs=("build_static", "cache_entries"))
+def static_cache_of_5_million_tokens(impl):
+    """A fixed stream of 2^22 + 2^20 tokens over 60 ids (a backend that counts in chunks or blocks must
+    merge them, and counts reach ~100): every 2-gram is counted exactly (expected counts by NumPy's
+    unique over the (t[i-2], t[i-1], t[i]) triples)."""
+    import numpy as np
+
+    t = np.random.default_rng(7).integers(0, 60, 2**22 + 2**20).astype(np.int64)
+    keys, counts = np.unique((t[:-2] << 42) | (t[1:-1] << 21) | t[2:], return_counts=True)
+    want = np.column_stack([np.full(len(keys), 2), keys >> 42, (keys >> 21) & (2**21 - 1), np.full((len(keys), 2), -1),
+                            keys & (2**21 - 1), counts]).tolist()
+    got = [list(r) for r in _rows(impl, impl.build_static(t.tolist()))]
+    assert got == want, (f"build_static of the fixed {len(t):,}-token stream of static_cache_of_5_million_tokens: "
+                         + _diff([tuple(r) for r in got], [tuple(r) for r in want]))
 

@@ -24,8 +24,14 @@ def generate_and_compare(impl, stream, prompt_len, n_draft, st_src=None, dyn_src
     sequence (the reversed stream) and is then ``reset()``: a reused drafter must start afresh."""
     c_st = oracle.counts(st_src, sizes=(2,)) if st_src else None
     c_dyn = oracle.counts(dyn_src) if dyn_src else None
-    drafter = impl.NgramDrafter(c_st=golden.to_backend(impl, c_st), c_dyn=golden.to_backend(impl, c_dyn))
-    caches = describe_caches(st_src, dyn_src)
+    compare_generation(impl, stream, prompt_len, n_draft, golden.to_backend(impl, c_st), golden.to_backend(impl, c_dyn),
+                       c_st, c_dyn, describe_caches(st_src, dyn_src))
+
+
+def compare_generation(impl, stream, prompt_len, n_draft, backend_st, backend_dyn, c_st, c_dyn, caches: str):
+    """:func:`generate_and_compare` with the caches given: the backend's (``backend_st``, ``backend_dyn``) and
+    the same counts for the rules (``c_st``, ``c_dyn``)."""
+    drafter = impl.NgramDrafter(c_st=backend_st, c_dyn=backend_dyn)
     seq = list(stream[:prompt_len])
     drafter.reset(stream[::-1])  # the drafter is reused: what reset() starts must not see this sequence
     drafter.extend(stream[:2])
@@ -59,6 +65,27 @@ def drafts_follow_the_rules_with_all_caches(impl, streams, prompt_len, n_draft):
     """With static and dynamic caches too, drafts follow the fallback order context > dynamic > static."""
     stream, st_src, dyn_src = streams
     generate_and_compare(impl, stream, prompt_len, n_draft, st_src, dyn_src)
+
+
+@check("drafting", needs=("NgramDrafter", "build_static", "merge_caches", "load_cache"),
+       given=dict(streams=streams_with_caches(), prompt_len=st.integers(0, 40), n_draft=st.integers(1, 8),
+                  cut=st.floats(0, 1)), examples=100)
+def drafts_with_built_and_merged_caches(impl, streams, prompt_len, n_draft, cut):
+    """Caches made by the backend itself, as a user's pipeline makes them (``create`` then ``merge``), draft
+    as the rules say: the static cache is ``build_static``'s, the dynamic cache the ``merge_caches`` of
+    two loaded caches counted from the two parts of a stream."""
+    stream, st_src, dyn_src = streams
+    dyn_src = dyn_src or []
+    i = int(cut * len(dyn_src))
+    parts = [oracle.counts(part) for part in (dyn_src[:i], dyn_src[i:])]
+    c_st = oracle.counts(st_src, sizes=(2,)) if st_src else None
+    c_dyn = oracle.add(oracle.add({}, parts[0]), parts[1]) or None
+    backend_st = impl.build_static(list(st_src)) if st_src else None
+    loaded = [golden.to_backend(impl, part) for part in parts if part]
+    backend_dyn = impl.merge_caches(loaded) if loaded else None
+    compare_generation(impl, stream, prompt_len, n_draft, backend_st, backend_dyn, c_st, c_dyn,
+                       f"{describe_caches(st_src, None)} (build_static), dynamic cache merge_caches of the counts "
+                       f"of {dyn_src[:i]} and {dyn_src[i:]}")
 
 
 def chunk_dump(impl, case, chunk: int) -> tuple[list[str], list[str]]:

@@ -30,6 +30,11 @@ def _compare_totals(stats, want: dict, what: str) -> None:
     for key, value in want.items():
         got = getattr(stats, key, None)
         assert got == value, f"{what}: {key} = {got}, expected {value}"
+    accept = getattr(stats, "accept", None)  # optional: the acceptance in percent, as lookup-stats prints it
+    if accept is not None and "n_drafted" in want:
+        expected = 100.0 * want["n_accept"] / want["n_drafted"] if want["n_drafted"] else 0.0
+        assert abs(accept - expected) <= 1e-9 * max(1.0, expected), (
+            f"{what}: accept = {accept}, expected 100 * n_accept / n_drafted = {expected}")
 
 
 def golden_replays(impl, names, **extra) -> None:
@@ -165,4 +170,23 @@ def replay_drafts_longer_than_the_chunk(impl):
     problem = golden.first_difference(calls, [golden.dump_line(p, d) for p, d in want.calls], what)
     assert problem is None, problem
     _compare_totals(stats, totals, what)
+
+
+@check("replay", needs=("replay",))
+def replay_with_n_draft_0_and_below(impl):
+    """``n_draft = 0`` replays with nothing drafted (lookup-stats ``--draft-max 0``: one draft call per
+    token, each empty) and ``n_draft = -1`` is refused with ValueError."""
+    stream = [1, 2, 3, 4] * 20
+    want = oracle.replay(stream, 32, 0)
+    stats, calls = _replay(impl, stream, 32, 0, None, None)
+    what = "replay of [1, 2, 3, 4] * 20 with n_ctx=32, n_draft=0"
+    problem = golden.first_difference(calls, [golden.dump_line(p, d) for p, d in want.calls], what)
+    assert problem is None, problem
+    _compare_totals(stats, {"n_chunks": want.n_chunks, "n_draft_calls": len(want.calls), "n_drafted": 0,
+                            "n_accept": 0}, what)
+    try:
+        impl.replay(stream, n_ctx=32, n_draft=-1)
+    except ValueError:
+        return
+    raise AssertionError("replay(..., n_draft=-1) returned instead of raising ValueError")
 
