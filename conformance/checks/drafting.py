@@ -72,20 +72,31 @@ def drafts_follow_the_rules_with_all_caches(impl, streams, prompt_len, n_draft):
                   cut=st.floats(0, 1)), examples=100)
 def drafts_with_built_and_merged_caches(impl, streams, prompt_len, n_draft, cut):
     """Caches made by the backend itself, as a user's pipeline makes them (``create`` then ``merge``), draft
-    as the rules say: the static cache is ``build_static``'s, the dynamic cache the ``merge_caches`` of
-    two loaded caches counted from the two parts of a stream."""
+    as the rules say: the static cache is the ``merge_caches`` of the ``build_static`` of the two parts of
+    its stream, the dynamic cache the ``merge_caches`` of two loaded caches counted from the two parts of
+    its stream."""
     stream, st_src, dyn_src = streams
-    dyn_src = dyn_src or []
-    i = int(cut * len(dyn_src))
-    parts = [oracle.counts(part) for part in (dyn_src[:i], dyn_src[i:])]
-    c_st = oracle.counts(st_src, sizes=(2,)) if st_src else None
-    c_dyn = oracle.add(oracle.add({}, parts[0]), parts[1]) or None
-    backend_st = impl.build_static(list(st_src)) if st_src else None
-    loaded = [golden.to_backend(impl, part) for part in parts if part]
-    backend_dyn = impl.merge_caches(loaded) if loaded else None
-    compare_generation(impl, stream, prompt_len, n_draft, backend_st, backend_dyn, c_st, c_dyn,
-                       f"{describe_caches(st_src, None)} (build_static), dynamic cache merge_caches of the counts "
-                       f"of {dyn_src[:i]} and {dyn_src[i:]}")
+    st_parts, dyn_parts = _split(st_src or [], cut), _split(dyn_src or [], cut)
+    c_st = _sum([oracle.counts(part, sizes=(2,)) for part in st_parts])
+    c_dyn = _sum([oracle.counts(part) for part in dyn_parts])
+    built = [impl.build_static(part) for part in st_parts if len(part) >= 3]
+    loaded = [golden.to_backend(impl, oracle.counts(part)) for part in dyn_parts if len(part) >= 2]
+    compare_generation(impl, stream, prompt_len, n_draft, impl.merge_caches(built) if built else None,
+                       impl.merge_caches(loaded) if loaded else None, c_st, c_dyn,
+                       f", static cache merge_caches of the build_static of {st_parts[0]} and {st_parts[1]}, dynamic "
+                       f"cache merge_caches of the counts of {dyn_parts[0]} and {dyn_parts[1]}")
+
+
+def _split(tokens: list, cut: float) -> tuple[list, list]:
+    i = int(cut * len(tokens))
+    return list(tokens[:i]), list(tokens[i:])
+
+
+def _sum(caches: list) -> dict | None:
+    total: dict = {}
+    for cache in caches:
+        oracle.add(total, cache)
+    return total or None
 
 
 def chunk_dump(impl, case, chunk: int) -> tuple[list[str], list[str]]:
