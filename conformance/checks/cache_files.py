@@ -83,7 +83,10 @@ def saved_files_are_llama_format(impl, cache, order):
         f"(first bytes {data[:24].hex(' ', 4)}; fields are little-endian int32)")
 
 
-def _damaged_files() -> list[tuple[str, bytes]]:
+def _damaged_files() -> list[tuple[str, bytes, int]]:
+    """``(what, file bytes, offset)``: the byte offset of the damage, the first byte of the word or record
+    at fault (a record is 4 n-gram words, ntokens, then ntokens (token, count) pairs: the good file's
+    first record, (1, 2) with 2 followers, spans bytes 0..35, the second, (7,), bytes 36..63)."""
     good = llama_format.to_bytes({(1, 2): {3: 4, 5: 6}, (7,): {8: 9}})
     words = np.frombuffer(good, dtype=llama_format.INT32_LE).tolist()
 
@@ -91,35 +94,43 @@ def _damaged_files() -> list[tuple[str, bytes]]:
         return np.asarray(ws, dtype=llama_format.INT32_LE).tobytes()
 
     return [
-        ("truncated in the middle of a record", good[:-8]),
-        ("truncated inside a record header", good[:12]),
-        ("size not a multiple of 4", good + b"\x01"),
-        ("ntokens = 0", pack(words[:4] + [0] + words[5 + 2 * words[4]:])),
-        ("a count of 0", pack(words[:6] + [0] + words[7:])),
-        ("a negative count", pack(words[:6] + [-5] + words[7:])),
+        ("no bytes at all (an empty file)", b"", 0),
+        ("truncated in the middle of a record", good[:-8], 56),  # the second record's followers start at 56
+        ("truncated inside a record header", good[:12], 0),
+        ("size not a multiple of 4", good + b"\x01", 64),
+        ("ntokens = 0", pack(words[:4] + [0] + words[5 + 2 * words[4]:]), 16),
+        ("ntokens = -1", pack(words[:4] + [-1] + words[5 + 2 * words[4]:]), 16),
+        ("a count of 0", pack(words[:6] + [0] + words[7:]), 24),
+        ("a negative count", pack(words[:6] + [-5] + words[7:]), 24),
         # malformed records the format can still hold (the reference refuses each; llama.cpp never writes one)
-        ("the same n-gram in two records", good + pack(words[:4] + [1] + words[5:7])),
-        ("the same follower twice in a record", pack(words[:4] + [2] + words[5:7] + words[5:7])),
-        ("an n-gram with a gap (1, -1, 2, -1)", pack([1, -1, 2, -1] + [1] + words[5:7])),
-        ("an n-gram of size 0 (all slots -1)", pack([-1, -1, -1, -1] + [1] + words[5:7])),
-        ("a negative token in the n-gram", pack([1, -7, -1, -1] + [1] + words[5:7])),
-        ("a negative follower token", pack(words[:5] + [-3] + words[6:])),
-        ("4 trailing bytes after the last record", good + pack([0])),
+        ("the same n-gram in two records", good + pack(words[:4] + [1] + words[5:7]), 64),
+        ("the same follower twice in a record", pack(words[:4] + [2] + words[5:7] + words[5:7]), 28),
+        ("an n-gram with a gap (1, -1, 2, -1)", pack([1, -1, 2, -1] + [1] + words[5:7]), 0),
+        ("an n-gram of size 0 (all slots -1)", pack([-1, -1, -1, -1] + [1] + words[5:7]), 0),
+        ("a negative token in the n-gram", pack([1, -7, -1, -1] + [1] + words[5:7]), 0),
+        ("a negative follower token", pack(words[:5] + [-3] + words[6:]), 20),
+        ("the follower token -1", pack(words[:5] + [-1] + words[6:]), 20),
+        ("4 trailing bytes after the last record", good + pack([0]), 64),
     ]
 
 
 @check("cache_files", needs=("load_cache",))
 def damaged_files_are_refused(impl):
     """Truncated or corrupt cache files (also malformed records: duplicate keys, gaps, negative ids, trailing bytes)
-    raise an error (ValueError or OSError) instead of loading."""
+    raise an error (ValueError or OSError) instead of loading; an error that names the byte offset of the
+    damage (an ``offset`` attribute, optional) names the right one."""
     with tempfile.TemporaryDirectory(prefix="ngram-spec-conformance-") as tmp:
         path = os.path.join(tmp, "damaged.bin")
-        for what, data in _damaged_files():
+        for what, data, offset in _damaged_files():
             with open(path, "wb") as f:
                 f.write(data)
             try:
                 cache = impl.load_cache(path)
-            except (ValueError, OSError):
+            except (ValueError, OSError) as exc:
+                got = getattr(exc, "offset", None)
+                assert got is None or got == offset, (
+                    f"a cache file with {what} ({len(data)} bytes: {data.hex(' ', 4)}) was refused naming byte "
+                    f"offset {got}, but the damage is at byte {offset}: {exc}")
                 continue
             rows = _rows(impl, cache) if getattr(impl, "cache_entries", None) else "?"
             raise AssertionError(f"a cache file with {what} ({len(data)} bytes: {data.hex(' ', 4)}) loaded "
