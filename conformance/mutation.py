@@ -77,6 +77,32 @@ EQUIVALENT: dict[tuple[str, str], str] = {
     ("mlx_backend/generate.py", "verifier = VerifyCache(model, cache, gdn_path) if draft_max != -1 else None"):
         "draft_max = -1 is refused above, so a verifier is also made for draft_max = 0, a run that never "
         "verifies: the same tokens, one unused wrapper",
+    ("mlx_backend/tables_sorted.py", "new_key[1:] |= w1[1:] > w1[:-1]"):
+        "the rows are sorted by (w0, w1): within one w0, w1 only grows, so != is >; where w0 changes the key "
+        "is already new",
+    ("mlx_backend/tables_sorted.py", "if j == 0 or key > (packed[j - 1] >> bits):"):
+        "the packed triples are sorted: a key differs from the previous one exactly when it is larger",
+    ("mlx_backend/tables_sorted.py",
+     "BUILD_CHUNK = 1 << 23  # tokens per sorted chunk of the static build (bounded memory)"):
+        "the chunk length of the static build bounds its memory; the merged counts are the same",
+    ("mlx_backend/tables_sorted.py", "if int(t.max()) >= 1 + PACK_BITS:"):
+        "ids from 22 up take the unpacked build (cache_from_rows) instead of the packed one: the same counts",
+    ("mlx_backend/rollback.py", 'return "replay" if not on_metal else "states"'):
+        "both GatedDeltaNet rollback paths are exact (replay recomputes the kept prefix, states stores each "
+        "token's state): the choice by device is one of speed",
+    ("mlx_backend/rollback.py", "S = self.conv_input.shape[1] + layer.conv_kernel_size + 1"):
+        "S is a shortcut for m = S: without it, the states path returns states[S - 1], the same final state",
+    ("mlx_backend/sampling.py", "if i is k:"): "CPython keeps one object per small int: i is k exactly when i == k "
+                                               "for draft lengths up to 256",
+    ("mlx_backend/sampling.py", "if 0 < self.top_p < 2:"):
+        "top-p filtering at p = 1 keeps every token of positive probability: the same law",
+    ("mlx_backend/sampling.py", "return int(mx.random.categorical(mx.log(residual), axis=+1).item()), False"):
+        "the residual is [1, V]: axis 1 is axis -1",
+    ("reference/models/cache.py", "self.pending = -1"):
+        "keep() before any forward raises ValueError either way (-1 fails the range test 0 <= m <= pending)",
+    ("reference/models/cache.py", "self.recurrent = states[+1]"):
+        "the reference's loops follow every multi-token forward with keep(m), which sets the recurrent state "
+        "from the trace (states[m]); after a one-token forward states[+1] is states[-1]",
     ("mlx_backend/ngram_tables.py", "t = list(ngram) + [-1] * (NGRAM_MAX // len(ngram))"):
         "4 // n = 4 - n for n = 2, 3; for n = 1, 4 it pads one -1 more, past the 4 slots that are read",
     ("mlx_backend/ngram_tables.py",
@@ -91,6 +117,13 @@ _STATS = ("SpecStats diagnostics that --json and the server report; the protocol
           "tokens and from_draft flags only, so no backend is asked for them")
 _RESPONSE = ("a timing / memory field of stream_generate's mlx-lm GenerationResponse, a wrapper around "
              "generate_step that the protocol does not call")
+_TIMING = "a time measurement (lookup-stats' t_draft, load_ms): the protocol checks counts, not clocks"
+_WORDING = "the wording of an error message (the error, its type and its offset are checked)"
+_PROCESSORS = ("logits processors (mlx-lm's repetition penalty and the like), which the protocol's sample_step "
+               "does not take; tests/test_mlx_sampling.py covers them")
+_RECOGNISED = ("the layer is then not recognised as a GatedDeltaNet (rollback._records_exactly compares the recorder "
+               "with mlx-lm's own layer) and is rolled back by snapshot and re-run: the same tokens, slower; the "
+               "protocol checks what is generated, not how")
 # (module, the original line of a surviving mutant) -> why the suite cannot see that line: the mutant
 # changes behaviour, but none that the protocol defines. Still counted as survivors.
 OUT_OF_REACH: dict[tuple[str, str], str] = {
@@ -99,6 +132,34 @@ OUT_OF_REACH: dict[tuple[str, str], str] = {
     ("mlx_backend/generate.py", "stats.enter_plain += 1"): _STATS,
     ("mlx_backend/generate.py", "stats.t_draft += time.perf_counter() - t0"): _STATS,
     ("mlx_backend/generate.py", "generation_tokens=n + 1,"): _RESPONSE,
+    ("reference/speculative.py", "return 100.0 * self.n_accept / self.n_drafted if self.n_drafted else 0.0"): _STATS,
+    ("reference/speculative.py", "steps: int = 0"): _STATS,
+    ("reference/models/cache.py", "self.offset -= self.pending - m"):
+        "ModelCache.offset, a count no layer reads (attention positions come from each layer's own rows)",
+    ("reference/replay.py", "t_draft_ns += time.perf_counter_ns() - t"): _TIMING,
+    ("reference/replay.py", "load_ms = 1e3 * (time.perf_counter() - t0)"): _TIMING,
+    ("reference/replay.py", "t_draft_us = t_draft_ns / 1e3"): _TIMING,
+    ("reference/replay.py", 'bar = tqdm(total=len(chunk_starts) * n_ctx, unit="tok", desc="replay", '
+                            'disable=None if progress is None'): "the length of a progress bar",
+    ("reference/replay.py", "def replay(tokens: Sequence[int], n_ctx: int = 4096, n_draft: int = 16, "
+                            "c_st: CacheLike = None,"): "a default of an argument the protocol always passes",
+    ("reference/cache_file.py", 'raise CacheFileError(path, 4 * o, f"truncated record: {4 * (len(words) - o)} '
+                                'bytes left, "'): _WORDING,
+    ("reference/cache_file.py", 'f"a record header needs {4 * RECORD_HEAD}")'): _WORDING,
+    ("reference/cache_file.py", 'f"{8 * ntokens} bytes, {4 * (len(words) - body)} left")'): _WORDING,
+    ("mlx_backend/sampling.py", "for i in range(k + 1):"): _PROCESSORS,
+    ("mlx_backend/sampling.py", "seen = mx.array(list(history or []) + drafts[:i])"): _PROCESSORS,
+    ("mlx_backend/rollback.py", "a[:, t:t + 1], b[:, t:t + 1], self.A_log,"): _RECOGNISED,
+    ("mlx_backend/rollback.py", "qkv = mx.concatenate([q.reshape(B, S, -1), k.reshape(B, S, -1), "
+                                "v.reshape(B, S, -1)], axis=-1)"): _RECOGNISED,
+    ("mlx_backend/ngram_tables.py", "n = max(0, end - max(start, 1))"):
+        "HashTable.update, called by the server's dynamic-cache learning only (the drafter counts inside its "
+        "kernel); tests/test_server.py covers it",
+    ("mlx_backend/tables_sorted.py", 'h.update("".join(" ".join(map(str, r)) + "\\n" for r in rows[i:i + (1 << 18)]'
+                                     '.tolist()).encode())'):
+        "SortedCache.canonical_sha256, a method the protocol does not call (the suite hashes cache_entries itself)",
+    ("mlx_backend/tables_sorted.py", "if counts.size and counts.max() > INT32_MAX:"):
+        "build_static's refusal of a 2-gram seen more than 2^31 - 1 times: a stream of over 2 billion tokens",
     ("mlx_backend/generate.py", "if n + 1 == max_tokens:"):
         "stream_generate's own count of max_tokens (mlx-lm's API over generate_step, which the protocol does not "
         "call); tests/test_mlx_generate_stream.py compares it with mlx_lm.stream_generate",
@@ -157,13 +218,15 @@ def sample(db: Path, n: int, seed: int) -> None:
                                          WorkResult(worker_outcome=WorkerOutcome.SKIPPED))
 
 
-def forget_survivors(db: Path) -> int:
-    """Make the survivors of a session pending again (to test them against a strengthened suite)."""
+def forget_survivors(session: Path, module: str) -> int:
+    """Make the survivors of ``module``'s session that no reason explains (not equivalent, not out of the
+    protocol's reach) pending again, to test them against a strengthened suite."""
     import sqlite3
 
-    with sqlite3.connect(db) as con:
-        n = con.execute("DELETE FROM work_results WHERE test_outcome = 'SURVIVED'").rowcount
-    return n
+    jobs = tally(session, module)["unexplained"]
+    with sqlite3.connect(session_paths(session, module)[1]) as con:
+        con.executemany("DELETE FROM work_results WHERE job_id = ?", [(j,) for j in jobs])
+    return len(jobs)
 
 
 def run_module(session: Path, module: str, seed: int, timeout: float, n_sample: int | None,
@@ -178,7 +241,7 @@ def run_module(session: Path, module: str, seed: int, timeout: float, n_sample: 
             shutil.copytree(ROOT / package, tree / package, ignore=shutil.ignore_patterns("__pycache__"),
                             dirs_exist_ok=True)
     if rerun_survivors and db.exists():
-        print(f"{module}: {forget_survivors(db)} survivors to test again", flush=True)
+        print(f"{module}: {forget_survivors(session, module)} survivors to test again", flush=True)
     env = dict(os.environ, PYTHONPATH=str(tree))
     if not db.exists():
         config.write_text(config_text(module, backend, areas, seed, timeout))
@@ -195,7 +258,7 @@ def tally(session: Path, module: str) -> dict:
     from cosmic_ray.work_item import WorkerOutcome
 
     out = {"killed": 0, "survived": 0, "out_of_reach": 0, "equivalent": 0, "pending": 0, "not_sampled": 0,
-           "survivors": [], "equivalents": []}
+           "survivors": [], "equivalents": [], "unexplained": []}
     _, db = session_paths(session, module)
     if not db.exists():
         return out
@@ -225,6 +288,8 @@ def tally(session: Path, module: str) -> dict:
                     why = OUT_OF_REACH.get((module, removed))
                     out["out_of_reach"] += why is not None
                     out["survivors"].append(f"{where} (out of the protocol's reach: {why})" if why else where)
+                    if why is None:
+                        out["unexplained"].append(item.job_id)
     return out
 
 
@@ -290,7 +355,8 @@ def main(argv=None) -> int:
                         help="test a random sample of N mutants of each module (drawn with --seed; default: all)")
     parser.add_argument("--jobs", type=int, default=1, help="modules mutated at once, each in its own copy (default 1)")
     parser.add_argument("--rerun-survivors", action="store_true",
-                        help="test the survivors of --session again, against the checkout's current suite")
+                        help="test the survivors of --session that no reason explains again, against the "
+                             "checkout's current suite")
     parser.add_argument("--report", action="store_true", help="only print the table of --session")
     args = parser.parse_args(argv)
     modules = args.module or list(MODULES)

@@ -68,7 +68,7 @@ def test_sample_keeps_n_mutants_and_the_same_ones_for_the_same_seed(tmp_path):
             work_db.set_result(item.job_id, WorkResult(worker_outcome=WorkerOutcome.NORMAL, test_outcome=outcome,
                                                        output="", diff=""))
     assert mutation.tally(session, "reference/speculative.py")["pending"] == 3
-    assert mutation.forget_survivors(db) == 1
+    assert mutation.forget_survivors(session, "reference/speculative.py") == 1
     t = mutation.tally(session, "reference/speculative.py")
     assert t["pending"] == 4 and t["killed"] == 1 and t["survived"] == 0
 

@@ -128,11 +128,15 @@ def default_draft_length_equals_plain_greedy(impl, model, prompt, max_tokens):
 def prompt_ids_outside_the_vocabulary_are_refused(impl):
     """A speculative generation refuses a prompt holding an id outside the model's vocabulary (-1, the
     vocabulary size itself, 2^31 - 1) with ValueError, before any token: an embedding read past its
-    table is garbage or a crash, never an answer."""
+    table is garbage or a crash, never an answer. The ids 0 and vocabulary size - 1 are accepted."""
     m = models.load(impl, models.ARCHS[0], models.SEEDS[0])
     bad = [-1, 2**31 - 1]
     if all(getattr(impl, n, None) for n in ("forward", "make_cache")):
-        bad.append(int(np.asarray(impl.forward(m, [0], impl.make_cache(m))).shape[-1]))  # the vocabulary size
+        vocab = int(np.asarray(impl.forward(m, [0], impl.make_cache(m))).shape[-1])
+        bad.append(vocab)
+        edges = [0, vocab - 1, 0]   # the first and the last id of the vocabulary are valid
+        out = list(impl.generate_step(m, edges, 2, drafter=impl.NgramDrafter(), draft_max=2))
+        assert len(out) == 2, f"generate_step with the prompt {edges} (ids 0 and vocab - 1) yielded {out}"
     for t in bad:
         prompt = [0, 1, t]
         try:
