@@ -103,6 +103,17 @@ EQUIVALENT: dict[tuple[str, str], str] = {
     ("reference/models/cache.py", "self.recurrent = states[+1]"):
         "the reference's loops follow every multi-token forward with keep(m), which sets the recurrent state "
         "from the trace (states[m]); after a one-token forward states[+1] is states[-1]",
+    ("mlx_backend/ngram_tables.py", "while k <= n_draft:"):
+        "this loop runs only when n_draft > n_ctx + 4, and it leaves at the chunk's end (L + k - 1 >= n_ctx) "
+        "before k can reach n_draft",
+    ("mlx_backend/sampling.py", "while n is not k and tokens[n] == drafts[n]:"):
+        "CPython keeps one object per small int: n is not k exactly when n != k for draft lengths up to 256, "
+        "and n only grows from 0 to k",
+    ("mlx_backend/sampling.py", "if isinstance(sampler, Sampler) and sampler.temp == 0:"):
+        "for a drafter's single proposal d, drawing t ~ p and accepting d iff t = d emits each token with "
+        "probability p, as accepting d with probability p(d) and else drawing from p without d does: the same law",
+    ("mlx_backend/tables_sorted.py", "if j is b0.size:"):
+        "numba compiles `is` between two integers as equality, and j never passes b0.size",
     ("mlx_backend/ngram_tables.py", "t = list(ngram) + [-1] * (NGRAM_MAX // len(ngram))"):
         "4 // n = 4 - n for n = 2, 3; for n = 1, 4 it pads one -1 more, past the 4 slots that are read",
     ("mlx_backend/ngram_tables.py",
@@ -160,6 +171,16 @@ OUT_OF_REACH: dict[tuple[str, str], str] = {
         "SortedCache.canonical_sha256, a method the protocol does not call (the suite hashes cache_entries itself)",
     ("mlx_backend/tables_sorted.py", "if counts.size and counts.max() > INT32_MAX:"):
         "build_static's refusal of a 2-gram seen more than 2^31 - 1 times: a stream of over 2 billion tokens",
+    ("mlx_backend/generate.py", "if verifier is not None:"):
+        "VerifyCache.close() puts the model's layer classes back; the recorder layers run mlx-lm's own code "
+        "outside a verify forward, so a verifier left open changes no output",
+    ("mlx_backend/sampling.py", "return (mx.arange(logprobs.shape[-1]) == greedy(logprobs)[..., None])"
+                                ".astype(mx.float32)"):
+        "Sampler.probs at temperature 0 (a one-hot law), which speculative sampling never asks for: greedy "
+        "verification compares argmaxes (the server's logprobs use it; tests/test_server.py)",
+    ("mlx_backend/ngram_tables.py", "t = list(ngram) + [-1] * (NGRAM_MAX - len(ngram))"):
+        "ngram_words, the converter of the reference's NgramCache into the mlx tables (api.from_reference), "
+        "which no protocol member calls",
     ("mlx_backend/generate.py", "if n + 1 == max_tokens:"):
         "stream_generate's own count of max_tokens (mlx-lm's API over generate_step, which the protocol does not "
         "call); tests/test_mlx_generate_stream.py compares it with mlx_lm.stream_generate",

@@ -38,14 +38,15 @@ def test_broken_backend_fails_with_example_seed_and_json(tmp_path):
     assert "smallest failing example: drafts_follow_the_rules_context_only(" in text
     assert ("reproduce: python -m conformance --backend example_backends:truncating --seed 7 "
             "--check drafting.drafts_follow_the_rules_context_only") in text
-    assert "FAILED: 3 of 4 checks failed" in text
+    assert "FAILED: 4 of 6 checks failed" in text
     report = json.loads(out.read_text())
     assert report["passed"] is False and report["seed"] == 7
     areas = {a["area"]: a for a in report["areas"]}
     assert areas["drafting"]["status"] == "failed" and areas["counts"]["status"] == "not selected"
     failed = [c for c in areas["drafting"]["checks"] if c["status"] == "failed"]
     assert {c["id"] for c in failed} == {"drafting.drafts_follow_the_rules_context_only",
-                                          "drafting.golden_draft_dumps", "drafting.golden_draft_dumps_text"}
+                                          "drafting.golden_draft_dumps", "drafting.golden_draft_dumps_text",
+                                          "drafting.long_drafts_and_negative_lengths"}
     assert all(c["message"] and c["seed"] == 7 for c in failed)
 
 

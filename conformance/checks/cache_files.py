@@ -93,6 +93,8 @@ def _damaged_files() -> list[tuple[str, bytes, int]]:
     def pack(ws):
         return np.asarray(ws, dtype=llama_format.INT32_LE).tobytes()
 
+    three_records = llama_format.to_bytes({(1,): {2: 1}, (3,): {4: 1}, (5,): {6: 1}})  # 28 bytes each
+
     return [
         ("no bytes at all (an empty file)", b"", 0),
         ("truncated in the middle of a record", good[:-8], 56),  # the second record's followers start at 56
@@ -100,6 +102,7 @@ def _damaged_files() -> list[tuple[str, bytes, int]]:
         ("size not a multiple of 4", good + b"\x01", 64),
         ("ntokens = 0", pack(words[:4] + [0] + words[5 + 2 * words[4]:]), 16),
         ("ntokens = -1", pack(words[:4] + [-1] + words[5 + 2 * words[4]:]), 16),
+        ("ntokens = 0 in the third record (at byte 56)", three_records[:56 + 16] + pack([0]), 72),
         ("a count of 0", pack(words[:6] + [0] + words[7:]), 24),
         ("a negative count", pack(words[:6] + [-5] + words[7:]), 24),
         # malformed records the format can still hold (the reference refuses each; llama.cpp never writes one)

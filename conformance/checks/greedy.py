@@ -147,6 +147,36 @@ def prompt_ids_outside_the_vocabulary_are_refused(impl):
                              f"yielded {out} instead of raising ValueError")
 
 
+class _OutOfVocabulary:
+    """A drafter that proposes ids the model does not have (the vocabulary size, beyond it, 2^31 - 1)."""
+
+    def __init__(self, vocab):
+        self.ids = [vocab, vocab + 7, 2**31 - 1]
+
+    def reset(self, prompt):
+        pass
+
+    def extend(self, tokens):
+        pass
+
+    def draft(self, n_draft):
+        return self.ids[:n_draft]
+
+
+@check("greedy", needs=GENERATE + ("forward", "make_cache"))
+def drafts_outside_the_vocabulary_are_never_accepted(impl):
+    """A drafter may propose ids the model does not have (a static cache of another tokenizer): they are
+    never accepted, and the output is plain greedy's, with no token flagged from_draft."""
+    m = models.load(impl, models.ARCHS[0], models.SEEDS[0])
+    prompt = [5, 6, 7]
+    vocab = int(np.asarray(impl.forward(m, [0], impl.make_cache(m))).shape[-1])
+    plain, _ = generate(impl, m, prompt, 6)
+    spec, flags = generate(impl, m, prompt, 6, drafter=_OutOfVocabulary(vocab), draft_max=3)
+    what = f"tiny {models.ARCHS[0]} (seed {models.SEEDS[0]}), prompt {prompt}, drafts {_OutOfVocabulary(vocab).ids}"
+    assert_same_tokens(impl, m, prompt, plain, spec, what)
+    assert not any(flags), f"{what}: tokens flagged from_draft {flags}, but no draft is a token of the model"
+
+
 def expected_flags(truth, offered, eos):
     """The from_draft flags implied by the drafts offered at each position (none offered: no draft):
     a step accepts the drafts that match the greedy tokens, then emits one token of its own."""

@@ -125,6 +125,21 @@ def scores_past_64_bits(impl):
                              f"rules draft {want} ({why}), the backend drafted {got}")
 
 
+
+@check("thresholds", needs=("NgramDrafter", "load_cache"))
+def weighted_ties_with_different_counts(impl):
+    """Equal scores from different counts and weights (2 * 100 * 1 = 1 * 100 * 2) tie, and the tie goes to the
+    smaller id, whose own count then passes the share test: the 2-gram (7, 8) is followed by 20, 20, 30, 40
+    and the static cache weighs 20 by 1 and 30 by 2, so 20 (2 of 4 = 50 % >= p_2) is drafted, not 30."""
+    from conformance import golden, oracle
+
+    seq = [1, 7, 8, 20, 2, 7, 8, 20, 3, 7, 8, 30, 4, 7, 8, 40, 5, 7, 8]
+    c_st = {(7, 8): {20: 1, 30: 2}}
+    drafter = impl.NgramDrafter(c_st=golden.to_backend(impl, c_st))
+    drafter.reset(seq)
+    got, want = [int(t) for t in drafter.draft(1)], oracle.draft(seq, 1, oracle.counts(seq), None, c_st)
+    assert got == want, f"draft(1) after {seq} with the static cache {c_st}: the rules draft {want}, the backend drafted {got}"
+
 # Dynamic-cache levels at their thresholds (strict a = 4 3 2 2, p = 75 66 66 66): follower counts
 # exactly at a_n and p_n, and one step below each.
 STRICT_BOUNDARIES = ({7: 3, 8: 1}, {7: 3}, {7: 74, 8: 26},  # n = 1: sum 4 with 75 %, sum 3, 74 %
