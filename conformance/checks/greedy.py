@@ -85,20 +85,29 @@ def assert_same_tokens(impl, model, prompt, plain, spec, what) -> None:
     raise AssertionError(f"{what}: expected {plain}, got {spec}")
 
 
-@check("greedy", needs=GENERATE + ("NgramDrafter",),
-       given=dict(model=models.models, prompt=models.prompts(), max_tokens=st.integers(1, 20),
-                  draft_max=st.integers(1, 8)), examples=50)
-def speculative_equals_plain_greedy(impl, model, prompt, max_tokens, draft_max):
-    """With the n-gram drafter, speculative greedy output equals plain greedy output token for token; the
-    drafter is handed exactly the prompt and the emitted tokens, and from_draft marks the accepted drafts."""
+def plain_then_observed(impl, model, prompt, max_tokens, draft_max):
+    """Plain greedy, then speculative with the backend's drafter observed (``draft_max`` None: the backend's
+    own policy); the outputs must agree. Returns ``(tokens, flags, offered, what)``, ``offered`` being the
+    checked drafter calls (:func:`check_drafter_calls`), or None after a proven near-tie."""
     m = models.load(impl, *model)
     plain, _ = generate(impl, m, prompt, max_tokens)
     drafter = ObservedDrafter(impl.NgramDrafter())
     spec, flags = generate(impl, m, prompt, max_tokens, drafter=drafter, draft_max=draft_max)
     what = f"tiny {model[0]} (seed {model[1]}), prompt {prompt}, max_tokens {max_tokens}, draft_max {draft_max}"
     assert_same_tokens(impl, m, prompt, plain, spec, what)
-    if spec == plain:
-        offered = check_drafter_calls(drafter, prompt, spec, draft_max, what)
+    if spec != plain:
+        return spec, flags, None, what
+    return spec, flags, check_drafter_calls(drafter, prompt, spec, draft_max or max_tokens, what), what
+
+
+@check("greedy", needs=GENERATE + ("NgramDrafter",),
+       given=dict(model=models.models, prompt=models.prompts(), max_tokens=st.integers(1, 20),
+                  draft_max=st.integers(1, 8)), examples=50)
+def speculative_equals_plain_greedy(impl, model, prompt, max_tokens, draft_max):
+    """With the n-gram drafter, speculative greedy output equals plain greedy output token for token; the
+    drafter is handed exactly the prompt and the emitted tokens, and from_draft marks the accepted drafts."""
+    spec, flags, offered, what = plain_then_observed(impl, model, prompt, max_tokens, draft_max)
+    if offered is not None:
         want = expected_flags(spec, offered, ())
         assert flags == want, (f"{what}: from_draft flags {flags}, expected {want} from the drafts (position, "
                                f"drafts) {offered}")
@@ -110,14 +119,8 @@ def default_draft_length_equals_plain_greedy(impl, model, prompt, max_tokens):
     """With ``draft_max=None`` (the backend's own draft-length policy: one that may draft nothing, or
     decode plainly while it keeps asking the drafter), output still equals plain greedy; the drafter is
     handed exactly the prompt and the emitted tokens, and a token flagged from_draft was drafted there."""
-    m = models.load(impl, *model)
-    plain, _ = generate(impl, m, prompt, max_tokens)
-    drafter = ObservedDrafter(impl.NgramDrafter())
-    spec, flags = generate(impl, m, prompt, max_tokens, drafter=drafter, draft_max=None)
-    what = f"tiny {model[0]} (seed {model[1]}), prompt {prompt}, max_tokens {max_tokens}, draft_max None"
-    assert_same_tokens(impl, m, prompt, plain, spec, what)
-    if spec == plain:
-        offered = check_drafter_calls(drafter, prompt, spec, max_tokens, what)
+    spec, flags, offered, what = plain_then_observed(impl, model, prompt, max_tokens, None)
+    if offered is not None:
         for i in (i for i, f in enumerate(flags) if f):
             assert any(pos <= i < pos + len(d) and d[:i - pos + 1] == spec[pos:i + 1] for pos, d in offered), (
                 f"{what}: token {i} ({spec[i]}) is flagged from_draft, but no draft call offered the output up to "

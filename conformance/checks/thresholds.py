@@ -86,20 +86,23 @@ def golden_dense_ties(impl):
     golden_first_chunks(impl, ["s1-syn-v3-nostatic-c4096-d16"])
 
 
+def assert_drafts(impl, seq, n_draft, c_st, c_dyn, why: str) -> None:
+    """``draft(n_draft)`` after ``seq`` with these caches (loaded from llama.cpp files) is the rules' draft."""
+    from conformance import golden, oracle
+
+    drafter = impl.NgramDrafter(c_st=golden.to_backend(impl, c_st), c_dyn=golden.to_backend(impl, c_dyn))
+    drafter.reset(seq)
+    got, want = [int(t) for t in drafter.draft(n_draft)], oracle.draft(seq, n_draft, oracle.counts(seq), c_dyn, c_st)
+    assert got == want, (f"draft({n_draft}) after {seq} with the dynamic cache {c_dyn} and the static cache {c_st}: "
+                         f"the rules draft {want} ({why}), the backend drafted {got}")
+
+
 @check("thresholds", needs=("NgramDrafter", "load_cache"))
 def scores_past_32_bits(impl):
     """Scores c * 100 * c_st(y) are exact past 2^31 (static counts 2^24 and 2^25): the follower with the
     larger static count wins, as in the exact rules (llama.cpp's int32 product is replay's score="int32")."""
-    from conformance import golden, oracle
-
-    seq = [1, 2, 4, 1, 2, 3, 1, 2]
     c_st = {(1, 2): {3: 2**24, 4: 2**25}, (2, 4): {1: 2**31 - 1}, (2, 3): {1: 2**31 - 1}}
-    drafter = impl.NgramDrafter(c_st=golden.to_backend(impl, c_st))
-    drafter.reset(seq)
-    got, want = [int(t) for t in drafter.draft(3)], oracle.draft(seq, 3, oracle.counts(seq), None, c_st)
-    assert got == want, (f"draft(3) after {seq} with the static cache {c_st}: the rules draft {want} (score of 4 = "
-                         f"1 * 100 * 2^25 > 2^31), the backend drafted {got}")
-
+    assert_drafts(impl, [1, 2, 4, 1, 2, 3, 1, 2], 3, c_st, None, "score of 4 = 1 * 100 * 2^25 > 2^31")
 
 
 @check("thresholds", needs=("NgramDrafter", "load_cache"))
@@ -107,23 +110,14 @@ def scores_past_64_bits(impl):
     """Scores c * 100 * c_st(y) are exact past 2^64 (dynamic counts near 2^31 times static weights near
     100 * 2^31: products of about 2^68 that differ in their last bits): the larger product wins, ties to
     the smaller id; the winner then takes the share test (strict p_2 = 66 %), or the static fallback drafts."""
-    from conformance import golden, oracle
-
-    seq = [1, 2]
-    cases = [  # ((1, 2)'s dynamic followers, its static followers, the token the rules draft, why)
+    cases = [  # ((1, 2)'s dynamic followers, its static followers, why the rules draft what they draft)
         ({3: 2**31 - 1, 4: 2**30 - 1}, {3: 2**30, 4: 2**31 - 1}, "3 scores 100 (2^31 - 1) more: it wins, 66.7 % passes"),
         ({3: 2**31 - 1, 4: 2**30}, {3: 2**30, 4: 2**31 - 1}, "equal products: the tie goes to 3, 66.7 % passes"),
         ({3: 2**31 - 1, 4: 2**30 + 1}, {3: 2**30, 4: 2**31 - 1},
          "4 scores 100 (2^31 - 1) more: it wins, its 33 % share fails; the static fallback drafts 4"),
     ]
     for dyn_follow, st_follow, why in cases:
-        c_dyn, c_st = {(1, 2): dyn_follow}, {(1, 2): st_follow}
-        drafter = impl.NgramDrafter(c_st=golden.to_backend(impl, c_st), c_dyn=golden.to_backend(impl, c_dyn))
-        drafter.reset(seq)
-        got, want = [int(t) for t in drafter.draft(1)], oracle.draft(seq, 1, oracle.counts(seq), c_dyn, c_st)
-        assert got == want, (f"draft(1) after {seq} with the dynamic cache {c_dyn} and the static cache {c_st}: the "
-                             f"rules draft {want} ({why}), the backend drafted {got}")
-
+        assert_drafts(impl, [1, 2], 1, {(1, 2): st_follow}, {(1, 2): dyn_follow}, why)
 
 
 @check("thresholds", needs=("NgramDrafter", "load_cache"))
@@ -131,14 +125,9 @@ def weighted_ties_with_different_counts(impl):
     """Equal scores from different counts and weights (2 * 100 * 1 = 1 * 100 * 2) tie, and the tie goes to the
     smaller id, whose own count then passes the share test: the 2-gram (7, 8) is followed by 20, 20, 30, 40
     and the static cache weighs 20 by 1 and 30 by 2, so 20 (2 of 4 = 50 % >= p_2) is drafted, not 30."""
-    from conformance import golden, oracle
+    assert_drafts(impl, [1, 7, 8, 20, 2, 7, 8, 20, 3, 7, 8, 30, 4, 7, 8, 40, 5, 7, 8], 1, {(7, 8): {20: 1, 30: 2}},
+                  None, "a tie of 2 * 100 * 1 and 1 * 100 * 2: 20 wins, its 50 % passes")
 
-    seq = [1, 7, 8, 20, 2, 7, 8, 20, 3, 7, 8, 30, 4, 7, 8, 40, 5, 7, 8]
-    c_st = {(7, 8): {20: 1, 30: 2}}
-    drafter = impl.NgramDrafter(c_st=golden.to_backend(impl, c_st))
-    drafter.reset(seq)
-    got, want = [int(t) for t in drafter.draft(1)], oracle.draft(seq, 1, oracle.counts(seq), None, c_st)
-    assert got == want, f"draft(1) after {seq} with the static cache {c_st}: the rules draft {want}, the backend drafted {got}"
 
 # Dynamic-cache levels at their thresholds (strict a = 4 3 2 2, p = 75 66 66 66): follower counts
 # exactly at a_n and p_n, and one step below each.
