@@ -251,6 +251,9 @@ def cmd_stats(args) -> int:
     extra = {}
     if "progress" in inspect.signature(backend.replay).parameters:
         extra["progress"] = False if args.no_progress else None  # None: a bar on a terminal only
+    if args.drafts_out:  # compile the replay (numba, on a first run) before the dump's temporary file exists: a
+        # signal is handled between Python bytecodes, so SIGTERM during a long compile would wait for it
+        backend.replay(tokens[:3], n_ctx=2, n_draft=1, c_st=c_st, on_draft=lambda pos, drafts: None, score=args.score)
     with contextlib.ExitStack() as files:
         dump = files.enter_context(atomic_write(args.drafts_out, "w", newline="\n")) if args.drafts_out else None
         if dump is not None:
