@@ -37,6 +37,20 @@ def _compare_totals(stats, want: dict, what: str) -> None:
             f"{what}: accept = {accept}, expected 100 * n_accept / n_drafted = {expected}")
 
 
+def replay_follows_rules(impl, stream, n_ctx, n_draft, what: str, c_st=None, c_dyn=None, **extra) -> dict:
+    """Replay ``stream`` on the backend (caches handed as llama.cpp files) and check its draft calls and
+    totals against lookup-stats' rules; returns the totals."""
+    want = oracle.replay(stream, n_ctx, n_draft, c_st, c_dyn, wrap_int32=extra.get("score") == "int32")
+    stats, calls = _replay(impl, stream, n_ctx, n_draft, golden.to_backend(impl, c_st), golden.to_backend(impl, c_dyn),
+                           **extra)
+    problem = golden.first_difference(calls, [golden.dump_line(p, d) for p, d in want.calls], what)
+    assert problem is None, problem
+    totals = {"n_chunks": want.n_chunks, "n_draft_calls": len(want.calls), "n_drafted": want.n_drafted,
+              "n_accept": want.n_accept}
+    _compare_totals(stats, totals, what)
+    return totals
+
+
 def golden_replays(impl, names, **extra) -> None:
     for case in map(vectors.load_case, names):
         stats, calls = _replay(impl, golden.tokens(case.tokens), case.n_ctx, case.n_draft,
@@ -71,13 +85,8 @@ def golden_int32_wrapped_scores(impl):
     # fixed: the context products c * 100 * 2^25 overflow int32 (c = 1, 2 wrap to negative scores, which
     # never win, so the static fallback drafts there): the drafts differ from the exact rules'
     stream, c_st = [1, 2, 3] * 10 + [1], {(1, 2): {3: 2**25, 4: 2**25 + 1}}
-    want = oracle.replay(stream, 30, 4, c_st, wrap_int32=True)
-    stats, calls = _replay(impl, stream, 30, 4, golden.to_backend(impl, c_st), None, score="int32")
-    what = f'replay of {stream} with n_ctx=30, n_draft=4, score="int32", static cache {c_st}'
-    problem = golden.first_difference(calls, [golden.dump_line(p, d) for p, d in want.calls], what)
-    assert problem is None, problem
-    _compare_totals(stats, {"n_chunks": want.n_chunks, "n_draft_calls": len(want.calls),
-                            "n_drafted": want.n_drafted, "n_accept": want.n_accept}, what)
+    replay_follows_rules(impl, stream, 30, 4, f'replay of {stream} with n_ctx=30, n_draft=4, score="int32", static '
+                         f'cache {c_st}', c_st, score="int32")
 
 
 @check("replay", needs=("replay", "cache_entries"))
@@ -106,13 +115,8 @@ def replay_follows_the_rules(impl, streams, n_ctx, n_draft):
     stream, st_src, dyn_src = streams
     c_st = oracle.counts(st_src, sizes=(2,)) if st_src else None
     c_dyn = oracle.counts(dyn_src) if dyn_src else None
-    want = oracle.replay(stream, n_ctx, n_draft, c_st, c_dyn)
-    stats, calls = _replay(impl, stream, n_ctx, n_draft, golden.to_backend(impl, c_st), golden.to_backend(impl, c_dyn))
-    what = f"replay of {stream} with n_ctx={n_ctx}, n_draft={n_draft}{describe_caches(st_src, dyn_src)}"
-    problem = golden.first_difference(calls, [golden.dump_line(p, d) for p, d in want.calls], what)
-    assert problem is None, problem
-    _compare_totals(stats, {"n_chunks": want.n_chunks, "n_draft_calls": len(want.calls),
-                            "n_drafted": want.n_drafted, "n_accept": want.n_accept}, what)
+    replay_follows_rules(impl, stream, n_ctx, n_draft, f"replay of {stream} with n_ctx={n_ctx}, n_draft={n_draft}"
+                         f"{describe_caches(st_src, dyn_src)}", c_st, c_dyn)
 
 
 @check("replay", needs=("replay", "load_cache"))
@@ -121,14 +125,8 @@ def replay_tries_context_before_dynamic(impl):
     [1, 2, 3], the dynamic cache learned [1, 2, 9]): the context cache is asked first, call for call."""
     stream, dyn_src = [1, 2, 3] * 30, [1, 2, 9] * 40   # 90 tokens: two chunks of 36 replayed
     n_ctx, n_draft = 36, 4
-    c_dyn = oracle.counts(dyn_src)
-    want = oracle.replay(stream, n_ctx, n_draft, None, c_dyn)
-    stats, calls = _replay(impl, stream, n_ctx, n_draft, None, golden.to_backend(impl, c_dyn))
-    what = f"replay of [1, 2, 3] * 30 with n_ctx={n_ctx}, n_draft={n_draft} and a dynamic cache of [1, 2, 9] * 40"
-    problem = golden.first_difference(calls, [golden.dump_line(p, d) for p, d in want.calls], what)
-    assert problem is None, problem
-    _compare_totals(stats, {"n_chunks": want.n_chunks, "n_draft_calls": len(want.calls),
-                            "n_drafted": want.n_drafted, "n_accept": want.n_accept}, what)
+    replay_follows_rules(impl, stream, n_ctx, n_draft, f"replay of [1, 2, 3] * 30 with n_ctx={n_ctx}, n_draft={n_draft} "
+                         "and a dynamic cache of [1, 2, 9] * 40", c_dyn=oracle.counts(dyn_src))
 
 
 @check("replay", needs=("replay",))
@@ -143,13 +141,8 @@ def replay_past_2_16_tokens(impl):
     for i in rng.integers(0, len(stream), 400).tolist():  # substitutions: rejected drafts everywhere
         stream[i] = period[i % 7]
     n_ctx, n_draft = 3_500, 16
-    want = oracle.replay(stream, n_ctx, n_draft)
-    stats, calls = _replay(impl, stream, n_ctx, n_draft, None, None)
-    what = f"replay of the fixed 70,001-token stream of replay_past_2_16_tokens, n_ctx={n_ctx}, n_draft={n_draft}"
-    problem = golden.first_difference(calls, [golden.dump_line(p, d) for p, d in want.calls], what)
-    assert problem is None, problem
-    _compare_totals(stats, {"n_chunks": want.n_chunks, "n_draft_calls": len(want.calls),
-                            "n_drafted": want.n_drafted, "n_accept": want.n_accept}, what)
+    replay_follows_rules(impl, stream, n_ctx, n_draft, "replay of the fixed 70,001-token stream of "
+                         f"replay_past_2_16_tokens, n_ctx={n_ctx}, n_draft={n_draft}")
 
 
 @check("replay", needs=("replay",))
@@ -161,15 +154,9 @@ def replay_drafts_longer_than_the_chunk(impl):
     for i in (17, 40, 41, 77, 103):  # rejected drafts, some after a long accepted run
         stream[i] = 9
     n_ctx, n_draft = 64, 104
-    want = oracle.replay(stream, n_ctx, n_draft)
-    totals = {"n_chunks": want.n_chunks, "n_draft_calls": len(want.calls), "n_drafted": want.n_drafted,
-              "n_accept": want.n_accept}
     what = f"replay of the fixed stream of replay_drafts_longer_than_the_chunk, n_ctx={n_ctx}, n_draft={n_draft}"
+    totals = replay_follows_rules(impl, stream, n_ctx, n_draft, what)
     _compare_totals(impl.replay(stream, n_ctx=n_ctx, n_draft=n_draft), totals, what + ", no on_draft")
-    stats, calls = _replay(impl, stream, n_ctx, n_draft, None, None)
-    problem = golden.first_difference(calls, [golden.dump_line(p, d) for p, d in want.calls], what)
-    assert problem is None, problem
-    _compare_totals(stats, totals, what)
 
 
 @check("replay", needs=("replay",))
@@ -177,13 +164,8 @@ def replay_with_n_draft_0_and_below(impl):
     """``n_draft = 0`` replays with nothing drafted (lookup-stats ``--draft-max 0``: one draft call per
     token, each empty) and ``n_draft = -1`` is refused with ValueError."""
     stream = [1, 2, 3, 4] * 20
-    want = oracle.replay(stream, 32, 0)
-    stats, calls = _replay(impl, stream, 32, 0, None, None)
-    what = "replay of [1, 2, 3, 4] * 20 with n_ctx=32, n_draft=0"
-    problem = golden.first_difference(calls, [golden.dump_line(p, d) for p, d in want.calls], what)
-    assert problem is None, problem
-    _compare_totals(stats, {"n_chunks": want.n_chunks, "n_draft_calls": len(want.calls), "n_drafted": 0,
-                            "n_accept": 0}, what)
+    totals = replay_follows_rules(impl, stream, 32, 0, "replay of [1, 2, 3, 4] * 20 with n_ctx=32, n_draft=0")
+    assert totals["n_drafted"] == totals["n_accept"] == 0, totals
     try:
         impl.replay(stream, n_ctx=32, n_draft=-1)
     except ValueError:
