@@ -219,7 +219,6 @@ def ngram_speculative_generate_step(
                 # the cache holds every token before history[-1]
                 proposal = propose(room(n_out))
                 k = policy.choose(len(proposal))
-                stats.draft_lengths[k] = stats.draft_lengths.get(k, 0) + 1
                 if k > 0 or not policy.pipelined:   # [last, d1..dk] in one forward, then cut back
                     drafts = proposal[:k]
                     t_step = time.perf_counter()
@@ -232,6 +231,7 @@ def ngram_speculative_generate_step(
                     policy.observe_cost(1 + k, time.perf_counter() - t_step)
                     stats.n_drafted += k
                     stats.n_accept += n_accept
+                    stats.draft_lengths[k] = stats.draft_lengths.get(k, 0) + 1
                     learn(proposal, emitted)
                     stats.t_total = time.perf_counter() - t_start
                     for i, (token, lp) in enumerate(zip(emitted, logprobs)):
@@ -248,12 +248,12 @@ def ngram_speculative_generate_step(
                     leave = at_end or policy.leave_plain(len(proposal))
                     if not leave:
                         next_token, next_logprobs = plain_step(token, history)
-                        stats.draft_lengths[0] += 1
                     t = token.item()
                     if t_last is not None:
                         policy.observe_cost(0, time.perf_counter() - t_last)
                     t_last = time.perf_counter()
                     stats.plain_steps += 1
+                    stats.draft_lengths[0] = stats.draft_lengths.get(0, 0) + 1
                     learn(proposal, [t])
                     stats.t_total = time.perf_counter() - t_start
                     n_out += 1
@@ -263,7 +263,7 @@ def ngram_speculative_generate_step(
                             stats.leave_plain += 1
                         break
                     token, logprobs = next_token, next_logprobs
-                    proposal = propose(1 + room(n_out + 1))
+                    proposal = propose(1 + room(n_out + 1)) if policy.k_max else []   # draft_max=0: no drafter calls
     finally:
         stats.t_total = time.perf_counter() - t_start
         if verifier is not None:

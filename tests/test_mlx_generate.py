@@ -224,3 +224,40 @@ def test_logits_processors_see_the_same_history_as_mlx_lm(arch):
         mx.array(prompt), model, max_tokens=20, logits_processors=procs, draft_max=4,
         drafter=ScriptedDrafter(plain, [(4, None), (3, 1), (0, None)]))]
     assert assert_greedy_equal(plain, plain_lp, spec) is None
+
+
+class CountingDrafter:
+    """Records the lengths it is asked for; drafts token 1 repeated."""
+
+    def __init__(self):
+        self.asked = []
+
+    def reset(self, prompt):
+        pass
+
+    def extend(self, tokens):
+        pass
+
+    def draft(self, n):
+        self.asked.append(n)
+        return [1] * n
+
+
+@pytest.mark.parametrize("draft_max, stop_after", [(0, None), (0, 3), (None, 3)])
+def test_draft_lengths_count_the_emitted_steps(draft_max, stop_after):
+    """draft_max=0 asks the drafter for nothing (plain decoding); ``draft_lengths`` counts the steps whose
+    tokens were emitted, also when the caller stops while the next plain step is already in flight."""
+    model = model_of("llama")
+    plain, plain_lp = plain_greedy(model, [1, 2, 3], 8)
+    stats, drafter = SpecStats(), CountingDrafter()
+    spec = []
+    for t, _, _ in ngram_speculative_generate_step(mx.array([1, 2, 3]), model, max_tokens=8, draft_max=draft_max,
+                                                   drafter=drafter, stats=stats):
+        spec.append(int(t))
+        if len(spec) == stop_after:
+            break
+    assert assert_greedy_equal(plain[:len(spec)], plain_lp, spec) is None
+    assert sum(stats.draft_lengths.values()) == stats.steps
+    assert sum(k * c for k, c in stats.draft_lengths.items()) == stats.n_drafted
+    if draft_max == 0:
+        assert drafter.asked == [] and stats.steps == len(spec) and stats.draft_lengths == {0: len(spec)}

@@ -12,7 +12,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_sampler
 from mlx_lm.utils import load_model as mlx_lm_load_model
 
-from mlx_backend.generate import ngram_speculative_generate_step
+from mlx_backend.generate import SpecStats, ngram_speculative_generate_step
 from mlx_backend.rollback import VerifyCache
 from mlx_backend.sampling import Sampler
 
@@ -33,23 +33,31 @@ def load_model(model_dir):
     return model
 
 
-def _steps(model, prompt, max_tokens, drafter, draft_max, sampler):
+COUNTS = ("steps", "n_drafted", "n_accept", "accept", "draft_lengths", "t_draft", "t_total")
+
+
+def _steps(model, prompt, max_tokens, drafter, draft_max, sampler, stats=None):
     if drafter is None:
         for token, _ in mlx_lm_generate_step(mx.array(list(prompt), mx.uint32), model, max_tokens=max_tokens,
                                              sampler=sampler):
             yield int(token), False
     else:  # the ids as given: the generator checks them (an mx.uint32 array cannot hold -1)
         for token, _, from_draft in ngram_speculative_generate_step(
-                list(prompt), model, max_tokens=max_tokens, sampler=sampler, drafter=drafter, draft_max=draft_max):
+                list(prompt), model, max_tokens=max_tokens, sampler=sampler, drafter=drafter, draft_max=draft_max,
+                stats=stats):
             yield int(token), bool(from_draft)
 
 
-def generate_step(model, prompt, max_tokens, drafter=None, draft_max=4, eos=()):
-    """Greedy generation (mlx-lm's own when no drafter is given), stopping after an EOS token."""
-    for token, from_draft in _steps(model, prompt, max_tokens, drafter, draft_max, None):
+def generate_step(model, prompt, max_tokens, drafter=None, draft_max=4, eos=(), stats=None):
+    """Greedy generation (mlx-lm's own when no drafter is given), stopping after an EOS token; with a
+    drafter, ``stats`` (a dict) receives the generator's counts (:class:`SpecStats`) when it ends."""
+    counts = SpecStats() if drafter is not None else None
+    for token, from_draft in _steps(model, prompt, max_tokens, drafter, draft_max, None, counts):
         yield token, from_draft
         if token in eos:
-            return
+            break
+    if stats is not None and counts is not None:
+        stats.update({k: v for k, v in counts.as_dict().items() if k in COUNTS})
 
 
 def sample_step(model, prompt, max_tokens, temperature, seed, drafter=None, draft_max=4):

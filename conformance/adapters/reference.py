@@ -41,16 +41,19 @@ class _Recorded:
         return self.drafts[-1]
 
 
-def generate_step(model, prompt, max_tokens, drafter=None, draft_max=4, eos=()):
+def generate_step(model, prompt, max_tokens, drafter=None, draft_max=4, eos=(), stats=None):
     """Greedy generation, speculative when a drafter is given; ``from_draft`` marks the emitted tokens
-    that are accepted drafts (a step emits its accepted drafts, then the model's own token)."""
+    that are accepted drafts (a step emits its accepted drafts, then the model's own token); ``stats``
+    (a dict) receives the counts of :class:`reference.speculative.SpecStats`."""
     if drafter is None:
         for token in greedy_generate(model, prompt, max_tokens, eos=eos):
             yield token, False
         return
     recorded, steps = _Recorded(drafter), []
     draft_max = REFERENCE_DRAFT_MAX if draft_max is None else draft_max  # the reference's own length: fixed
-    speculative_generate(model, prompt, max_tokens, recorded, draft_max, eos=eos, on_tokens=steps.append)
+    _, counts = speculative_generate(model, prompt, max_tokens, recorded, draft_max, eos=eos, on_tokens=steps.append)
+    if stats is not None:
+        stats.update(steps=counts.steps, n_drafted=counts.n_drafted, n_accept=counts.n_accept, accept=counts.accept)
     drafts = [[]] + recorded.drafts  # the prompt's forward emits the first token, with no draft
     drafts += [[]] * (len(steps) - len(drafts))  # a step with no room for drafts (k = 0) calls no draft()
     for emitted, d in zip(steps, drafts):

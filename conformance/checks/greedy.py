@@ -4,6 +4,9 @@ tokens of plain greedy generation, whatever the drafts are (right, wrong, empty,
 logits at that step differ by less than :data:`NEAR_TIE` (then the report says so)."""
 from __future__ import annotations
 
+import inspect
+import time
+
 import numpy as np
 from hypothesis import strategies as st
 
@@ -16,15 +19,83 @@ NEAR_TIE = 1e-3  # largest top-2 logit gap (float32 logits) at which a divergenc
 GENERATE = ("load_model", "generate_step")
 
 
-def generate(impl, model, prompt, max_tokens, drafter=None, draft_max=4, eos=()):
-    """``(tokens, from_draft flags)`` of one generation; a speculative one must report every flag."""
+def generate(impl, model, prompt, max_tokens, drafter=None, draft_max=4, eos=(), verified=None):
+    """``(tokens, from_draft flags)`` of one generation; a speculative one must report every flag. With a
+    drafter and a backend that reports counts (``stats``), the counts are checked against the flags
+    (:func:`check_counts`); ``verified()`` gives the drafts each draft call sent to verification, when the
+    caller knows them (a fixed ``draft_max``)."""
+    counts = {} if drafter is not None and reports_counts(impl) else None
+    t0 = time.perf_counter()
     out = list(impl.generate_step(model, list(prompt), max_tokens, drafter=drafter, draft_max=draft_max,
-                                  eos=tuple(eos)))
+                                  eos=tuple(eos), **({} if counts is None else {"stats": counts})))
+    seconds = time.perf_counter() - t0
     flags = [f for _, f in out]
     if drafter is not None and any(f is None for f in flags):
         raise AssertionError(f"generate_step with a drafter yielded from_draft = None for {flags.count(None)} of "
                              f"{len(flags)} tokens: it must say for each token whether it was an accepted draft")
-    return [int(t) for t, _ in out], [bool(f) for f in flags]
+    flags = [bool(f) for f in flags]
+    if counts is not None:
+        what = f"prompt {list(prompt)}, max_tokens {max_tokens}, draft_max {draft_max}, eos {list(eos)}"
+        check_counts(counts, flags, verified() if verified else None, seconds, what)
+    return [int(t) for t, _ in out], flags
+
+
+def reports_counts(impl) -> bool:
+    """Whether the backend's ``generate_step`` takes ``stats`` (the optional counts of a generation)."""
+    try:
+        return "stats" in inspect.signature(impl.generate_step).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def check_counts(counts: dict, flags: list[bool], verified, seconds: float, what: str) -> None:
+    """The counts a speculative generation reports (``generate_step(..., stats=dict)``) agree with what
+    it emitted. A step emits its accepted drafts, then the model's own token, unless EOS among the
+    accepted drafts ends the output; a step is counted whole (as llama.cpp's lookup), so
+
+    - ``steps`` = the tokens not from a draft, plus one if the output ends with an accepted draft;
+    - ``n_accept`` = the accepted drafts emitted (at least that many when the output ends inside an
+      accepted run: those past EOS count too);
+    - ``n_drafted`` >= ``n_accept``; with a fixed ``draft_max``, exactly the drafts the draft calls
+      returned (each cut to the length asked and before the first id outside the vocabulary):
+      ``verified``, when the check knows them;
+    - optional: ``accept`` = 100 n_accept / n_drafted (0 when nothing was drafted); ``draft_lengths``
+      {k: steps that verified k drafts}, summing to ``steps`` and, weighted by k, to ``n_drafted``;
+      ``t_draft`` <= ``t_total`` <= the generation's wall time, in seconds."""
+    missing = [k for k in ("steps", "n_drafted", "n_accept") if k not in counts]
+    assert not missing, f"{what}: generate_step(stats=...) reported {sorted(counts)}, without {missing}"
+    ends_inside = bool(flags) and flags[-1]
+    steps, n_drafted, n_accept = counts["steps"], counts["n_drafted"], counts["n_accept"]
+    want_steps = flags.count(False) + ends_inside
+    assert steps == want_steps, (f"{what}: reported steps = {steps}, but the output (from_draft flags {flags}) "
+                                 f"took {want_steps} steps")
+    emitted = flags.count(True)
+    assert n_accept == emitted or (ends_inside and n_accept > emitted), (
+        f"{what}: reported n_accept = {n_accept}, but {emitted} emitted tokens are accepted drafts "
+        f"(flags {flags})")
+    assert n_drafted >= n_accept, f"{what}: reported n_drafted = {n_drafted} < n_accept = {n_accept}"
+    if verified is not None:
+        want = sum(map(len, verified))
+        assert n_drafted == want, (f"{what}: reported n_drafted = {n_drafted}, but the draft calls sent {want} drafts "
+                                   f"to verification: {verified}")
+    if "accept" in counts:
+        want = 100.0 * n_accept / n_drafted if n_drafted else 0.0
+        assert abs(counts["accept"] - want) <= 1e-9 * max(1.0, want), (
+            f"{what}: reported accept = {counts['accept']} %, but {n_accept} of {n_drafted} drafts is {want} %")
+    if "draft_lengths" in counts:
+        lengths = {int(k): int(c) for k, c in counts["draft_lengths"].items()}
+        assert sum(lengths.values()) == steps and sum(k * c for k, c in lengths.items()) == n_drafted, (
+            f"{what}: reported draft_lengths {lengths} do not add up to steps = {steps} and n_drafted = {n_drafted}")
+    if "t_total" in counts:
+        t_draft, t_total = counts.get("t_draft", 0.0), counts["t_total"]
+        assert 0 <= t_draft <= t_total <= seconds, (
+            f"{what}: reported t_draft = {t_draft} s, t_total = {t_total} s; the generation took {seconds:.4f} s")
+
+
+def in_vocab(drafts: list[int], vocab: int | None) -> list[int]:
+    """``drafts`` before the first id outside ``0..vocab - 1`` (what a step sends to verification)."""
+    cut = next((i for i, t in enumerate(drafts) if t < 0 or (vocab is not None and t >= vocab)), len(drafts))
+    return drafts[:cut]
 
 
 class ObservedDrafter:
@@ -92,12 +163,14 @@ def plain_then_observed(impl, model, prompt, max_tokens, draft_max):
     m = models.load(impl, *model)
     plain, _ = generate(impl, m, prompt, max_tokens)
     drafter = ObservedDrafter(impl.NgramDrafter())
-    spec, flags = generate(impl, m, prompt, max_tokens, drafter=drafter, draft_max=draft_max)
+    sent = None if draft_max is None else (lambda: [d[:n] for _, n, d in drafter.calls])
+    spec, flags = generate(impl, m, prompt, max_tokens, drafter=drafter, draft_max=draft_max, verified=sent)
     what = f"tiny {model[0]} (seed {model[1]}), prompt {prompt}, max_tokens {max_tokens}, draft_max {draft_max}"
     assert_same_tokens(impl, m, prompt, plain, spec, what)
     if spec != plain:
         return spec, flags, None, what
-    return spec, flags, check_drafter_calls(drafter, prompt, spec, draft_max or max_tokens, what), what
+    limit = max_tokens if draft_max is None else draft_max
+    return spec, flags, check_drafter_calls(drafter, prompt, spec, limit, what), what
 
 
 @check("greedy", needs=GENERATE + ("NgramDrafter",),
@@ -111,6 +184,16 @@ def speculative_equals_plain_greedy(impl, model, prompt, max_tokens, draft_max):
         want = expected_flags(spec, offered, ())
         assert flags == want, (f"{what}: from_draft flags {flags}, expected {want} from the drafts (position, "
                                f"drafts) {offered}")
+
+
+@check("greedy", needs=GENERATE + ("NgramDrafter",))
+def draft_max_0_is_plain_decoding(impl):
+    """``draft_max=0`` with a drafter decodes plainly: plain greedy output, no draft asked for, no token
+    flagged from_draft (the drafter may still be handed the tokens), in every architecture."""
+    prompt = [3, 4, 5, 3, 4, 5, 3, 4]   # repeats: a drafter asked for drafts would find some
+    for arch in models.ARCHS:
+        spec, flags, offered, what = plain_then_observed(impl, (arch, 0), prompt, 6, 0)
+        assert not any(flags), f"{what}: from_draft flags {flags} with draft_max=0"
 
 
 @check("greedy", needs=GENERATE + ("NgramDrafter",),
@@ -150,11 +233,11 @@ def prompt_ids_outside_the_vocabulary_are_refused(impl):
                              f"yielded {out} instead of raising ValueError")
 
 
-class _OutOfVocabulary:
-    """A drafter that proposes ids the model does not have (the vocabulary size, beyond it, 2^31 - 1)."""
+class _Proposing:
+    """A drafter that proposes ``ids`` at every call, and records what it returned."""
 
-    def __init__(self, vocab):
-        self.ids = [vocab, vocab + 7, 2**31 - 1]
+    def __init__(self, ids):
+        self.ids, self.returned = list(ids), []
 
     def reset(self, prompt):
         pass
@@ -163,21 +246,33 @@ class _OutOfVocabulary:
         pass
 
     def draft(self, n_draft):
-        return self.ids[:n_draft]
+        self.returned.append(self.ids[:n_draft])
+        return self.returned[-1]
 
 
 @check("greedy", needs=GENERATE + ("forward", "make_cache"))
 def drafts_outside_the_vocabulary_are_never_accepted(impl):
-    """A drafter may propose ids the model does not have (a static cache of another tokenizer): they are
-    never accepted, and the output is plain greedy's, with no token flagged from_draft."""
+    """A drafter may propose ids the model does not have (a static cache of another tokenizer, a negative
+    id): the drafts from the first such id on are never verified nor accepted, and the output is plain
+    greedy's; a draft of id 0 or vocabulary size - 1 is an ordinary draft (flagged when accepted)."""
     m = models.load(impl, models.ARCHS[0], models.SEEDS[0])
     prompt = [5, 6, 7]
     vocab = int(np.asarray(impl.forward(m, [0], impl.make_cache(m))).shape[-1])
     plain, _ = generate(impl, m, prompt, 6)
-    spec, flags = generate(impl, m, prompt, 6, drafter=_OutOfVocabulary(vocab), draft_max=3)
-    what = f"tiny {models.ARCHS[0]} (seed {models.SEEDS[0]}), prompt {prompt}, drafts {_OutOfVocabulary(vocab).ids}"
-    assert_same_tokens(impl, m, prompt, plain, spec, what)
-    assert not any(flags), f"{what}: tokens flagged from_draft {flags}, but no draft is a token of the model"
+    where = f"tiny {models.ARCHS[0]} (seed {models.SEEDS[0]}), prompt {prompt}"
+    for ids in ([vocab, vocab + 7, 2**31 - 1], [vocab + 7, 3], [2**31 - 1], [-1, 5], [-3], [plain[1], -2, 4]):
+        drafter = _Proposing(ids)
+        spec, flags = generate(impl, m, prompt, 6, drafter=drafter, draft_max=3,
+                               verified=lambda: [in_vocab(d, vocab) for d in drafter.returned])
+        what = f"{where}, drafts {ids} at every call"
+        assert_same_tokens(impl, m, prompt, plain, spec, what)
+        assert in_vocab(ids, vocab) or not any(flags), (
+            f"{what}: tokens flagged from_draft {flags}, but no draft is a token of the model")
+    # the first and the last id of the vocabulary are drafts like any other: verified (the counts say so)
+    for edge in (0, vocab - 1):
+        drafter = _Proposing([edge])
+        generate(impl, m, prompt, 4, drafter=drafter, draft_max=1,
+                 verified=lambda: [in_vocab(d, vocab) for d in drafter.returned])
 
 
 def expected_flags(truth, offered, eos):
@@ -201,7 +296,8 @@ def run_scripted(impl, m, prompt, truth, plain, schedule, max_tokens, eos, where
     """Generate with drafts scripted from greedy's ``truth``; the output must be ``plain`` and the run must
     follow the protocol (:func:`check_scripted_run`)."""
     drafter = models.ScriptedDrafter(truth, schedule)
-    spec, flags = generate(impl, m, prompt, max_tokens, drafter=drafter, draft_max=8, eos=eos)
+    spec, flags = generate(impl, m, prompt, max_tokens, drafter=drafter, draft_max=8, eos=eos,
+                           verified=lambda: [d for _, d in drafter.offered])
     what = f"{where}, max_tokens {max_tokens}, eos {list(eos)}, drafts offered (position, drafts) {drafter.offered}"
     assert_same_tokens(impl, m, prompt, plain, spec, what)
     check_scripted_run(drafter, prompt, truth, eos, flags, spec == plain, what)
@@ -264,7 +360,8 @@ def sliding_window_across_the_wrap(impl, seed, prompt, schedule):
     prompt = models.WINDOW_PREFIX + prompt
     truth, _ = generate(impl, m, prompt, 16)
     drafter = models.ScriptedDrafter(truth, schedule)
-    spec, _ = generate(impl, m, prompt, 16, drafter=drafter, draft_max=8)
+    spec, _ = generate(impl, m, prompt, 16, drafter=drafter, draft_max=8,
+                       verified=lambda: [d for _, d in drafter.offered])
     assert_same_tokens(impl, m, prompt, truth, spec, f"tiny llama_sliding (seed {seed}), prompt {prompt}, "
                        f"drafts offered (position, drafts) {drafter.offered}")
 

@@ -5,6 +5,7 @@ per step."""
 from __future__ import annotations
 
 import inspect
+import time
 
 from hypothesis import strategies as st
 
@@ -172,3 +173,52 @@ def replay_with_n_draft_0_and_below(impl):
         return
     raise AssertionError("replay(..., n_draft=-1) returned instead of raising ValueError")
 
+
+
+def _repeating_stream(n: int, seed: int) -> list[int]:
+    """``n`` tokens that repeat a period of 23 with substitutions: long accepted drafts and rejected ones."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    period = rng.integers(0, 2**31 - 1, 23).tolist()
+    stream = [period[i % len(period)] for i in range(n)]
+    for i in rng.integers(0, n, n // 100).tolist():
+        stream[i] = period[i % 7]
+    return stream
+
+
+@check("replay", needs=("replay",))
+def replay_defaults_and_times(impl):
+    """Without ``n_ctx`` and ``n_draft`` a replay takes lookup-stats' defaults (4096 and 16), call for call
+    (where the backend's replay has defaults); the times it may report are non-negative and within the
+    call's wall time: ``t_draft_us`` (microseconds drafting), ``load_ms`` (loading the caches),
+    ``us_per_drafted_token`` = t_draft_us / n_drafted (0 when nothing was drafted)."""
+    params = inspect.signature(impl.replay).parameters
+    defaults = {k: params[k].default for k in ("n_ctx", "n_draft") if k in params}
+    stream = _repeating_stream(4_300, 5)
+    if all(v is not inspect.Parameter.empty for v in defaults.values()) and len(defaults) == 2:
+        want = oracle.replay(stream, 4096, 16)
+        calls: list[str] = []
+        impl.replay(stream, on_draft=lambda pos, d: calls.append(golden.dump_line(int(pos), [int(t) for t in d])))
+        what = "replay of the 4,300-token stream of replay_defaults_and_times with the default n_ctx and n_draft"
+        problem = golden.first_difference(calls, [golden.dump_line(p, d) for p, d in want.calls],
+                                          what + " (lookup-stats': n_ctx 4096, n_draft 16)")
+        assert problem is None, problem
+    stream = stream[:300]
+    c_st, c_dyn = oracle.counts(stream[100:], sizes=(2,)), oracle.counts(stream[:200])
+    if getattr(impl, "load_cache", None) is None:
+        c_st = c_dyn = None   # caches are handed as llama.cpp files: without load_cache, none
+    c_st, c_dyn = golden.to_backend(impl, c_st), golden.to_backend(impl, c_dyn)
+    t0 = time.perf_counter()
+    stats = impl.replay(stream, n_ctx=64, n_draft=8, c_st=c_st, c_dyn=c_dyn)
+    wall = time.perf_counter() - t0
+    what = f"replay of 300 tokens with n_ctx=64, n_draft=8 and both caches, which took {wall * 1e3:.2f} ms"
+    t_draft_us, load_ms = getattr(stats, "t_draft_us", None), getattr(stats, "load_ms", None)
+    if t_draft_us is not None:
+        assert 0 <= t_draft_us <= wall * 1e6, f"{what}: t_draft_us = {t_draft_us}"
+        per = getattr(stats, "us_per_drafted_token", None)
+        if per is not None:
+            want = t_draft_us / stats.n_drafted if stats.n_drafted else 0.0
+            assert abs(per - want) <= 1e-9 * max(1.0, want), f"{what}: us_per_drafted_token = {per}, expected {want}"
+    if load_ms is not None:
+        assert 0 <= load_ms <= wall * 1e3, f"{what}: load_ms = {load_ms}"

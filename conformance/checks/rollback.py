@@ -32,11 +32,22 @@ def run_steps(impl, model, prompt, steps):
     impl.forward(model, prompt, cache)
     impl.keep(cache, len(prompt))
     kept = list(prompt)
-    for tokens, m in steps:
+    _check_offset(cache, kept, [])
+    for i, (tokens, m) in enumerate(steps):
         impl.forward(model, tokens, cache)
         impl.keep(cache, m)
         kept += tokens[:m]
+        _check_offset(cache, kept, steps[:i + 1])
     return cache, kept
+
+
+def _check_offset(cache, kept, steps) -> None:
+    """A cache that reports ``offset`` (optional: the number of tokens its state summarises) counts the
+    kept tokens."""
+    offset = getattr(cache, "offset", None)
+    assert offset is None or offset == len(kept), (
+        f"after the prompt and the verify steps (tokens, m) {steps} the cache reports offset = {offset}, but "
+        f"it holds the state of {len(kept)} tokens")
 
 
 def state_error(impl, model, prompt, steps) -> tuple[float, list[int]]:
