@@ -277,7 +277,6 @@ def run_generate(args) -> int:
     from mlx_lm.models.cache import make_prompt_cache
     from mlx_lm.sample_utils import make_sampler
 
-    from mlx_backend.background_drafter import BackgroundDrafter
     from mlx_backend.draft_policy import DEFAULT_K_MAX
     from mlx_backend.dynamic_cache import load_dynamic, save_dynamic
     from mlx_backend.generate import SpecStats, check_prompt, default_drafter, stream_generate
@@ -291,11 +290,7 @@ def run_generate(args) -> int:
         raise ValueError("--dtype float64 is for --backend reference; mlx takes quantized, float32, float16, bfloat16")
     if args.seed is not None:
         mx.random.seed(args.seed)
-    # with n-gram cache files, or sharded (every rank must draft the same), the drafter is made before
-    # decoding, its compiled loops loading while the model loads; else it loads beside the first decode
-    # steps (mlx_backend/background_drafter.py)
-    drafter_first = bool(args.static or args.dynamic or getattr(args, "shard", None))
-    if not args.no_spec and drafter_first:
+    if not args.no_spec:   # the drafter's compiled loops (numba, ~2.5 s) load while the model loads
         threading.Thread(target=_warm_drafter, daemon=True).start()
     shard = None
     if getattr(args, "shard", None):   # under mlx.launch: see mlx_backend/distributed.py
@@ -330,8 +325,7 @@ def run_generate(args) -> int:
     else:
         check_file_tokenizer(tokenizer, args.static, args.dynamic)
         c_dyn = load_dynamic(args.dynamic) if args.dynamic else None
-        drafter = (default_drafter(c_st=args.static, c_dyn=c_dyn) if drafter_first
-                   else BackgroundDrafter(default_drafter))
+        drafter = default_drafter(c_st=args.static, c_dyn=c_dyn)
         spec = dict(model=model, sampler=sampler, draft_max=args.draft_max, drafter=drafter)
         if shard:
             spec = shard.spec_kwargs(model, sampler=sampler, draft_max=args.draft_max, drafter=drafter,
