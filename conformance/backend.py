@@ -34,6 +34,10 @@ PROTOCOL = {
                      "ValueError and from_draft is required: True exactly for "
                      "accepted drafts; draft_max=None: the backend's own draft-length policy (any, e.g. a fixed "
                      "length or a cost-aware one)",
+    "stream_generate": "stream_generate(model, prompt, max_tokens=None, drafter=None, draft_max=4, eos=()) yields "
+                       "mlx-lm's GenerationResponse objects, one per generated token (token, generation_tokens, "
+                       "finish_reason, prompt_tokens, prompt_tps, generation_tps, peak_memory in GB); max_tokens "
+                       "None: mlx-lm's default, 256",
     "sample_step": "sample_step(model, prompt, max_tokens, temperature, seed, drafter=None, draft_max=4) "
                    "yields tokens sampled at temperature > 0, reproducibly from seed",
     "make_cache": "make_cache(model) -> an empty model state (KV rows, conv windows, recurrent states)",

@@ -3,16 +3,23 @@ speculative generation of mlx-lm models) through the conformance protocol. Plain
 mlx-lm's own ``generate_step``, so greedy equivalence is checked against mlx-lm itself."""
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 from mlx_lm.generate import generate_step as mlx_lm_generate_step
+from mlx_lm.generate import stream_generate as mlx_lm_stream_generate
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_sampler
+from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load_model as mlx_lm_load_model
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from transformers import PreTrainedTokenizerFast
 
-from mlx_backend.generate import SpecStats, ngram_speculative_generate_step
+from mlx_backend.generate import SpecStats, ngram_speculative_generate_step, vocab_size
+from mlx_backend.generate import stream_generate as spec_stream_generate
 from mlx_backend.rollback import VerifyCache
 from mlx_backend.sampling import Sampler
 
@@ -58,6 +65,25 @@ def generate_step(model, prompt, max_tokens, drafter=None, draft_max=4, eos=(), 
             break
     if stats is not None and counts is not None:
         stats.update({k: v for k, v in counts.as_dict().items() if k in COUNTS})
+
+
+@functools.lru_cache(maxsize=None)
+def _tokenizer(n_vocab: int, eos: tuple[int, ...]) -> TokenizerWrapper:
+    """A real Hugging Face tokenizer with one word per id of the model and EOS ``eos``: what mlx-lm's
+    ``stream_generate`` needs to run on the suite's tiny models (their text is not checked)."""
+    words = Tokenizer(WordLevel({f"t{i}": i for i in range(n_vocab)}, unk_token="t0"))
+    return TokenizerWrapper(PreTrainedTokenizerFast(tokenizer_object=words), eos_token_ids=list(eos))
+
+
+def stream_generate(model, prompt, max_tokens=None, drafter=None, draft_max=4, eos=()):
+    """mlx-lm's ``stream_generate`` API: ``mlx_backend.generate.stream_generate`` with a drafter, else
+    mlx-lm's own; ``max_tokens`` None leaves the function's default."""
+    tokenizer = _tokenizer(vocab_size(model), tuple(eos))
+    limit = {} if max_tokens is None else {"max_tokens": max_tokens}
+    if drafter is None:
+        yield from mlx_lm_stream_generate(model, tokenizer, mx.array(list(prompt), mx.uint32), **limit)
+    else:
+        yield from spec_stream_generate(model, tokenizer, list(prompt), drafter=drafter, draft_max=draft_max, **limit)
 
 
 def sample_step(model, prompt, max_tokens, temperature, seed, drafter=None, draft_max=4):

@@ -83,10 +83,16 @@ def saved_files_are_llama_format(impl, cache, order):
         f"(first bytes {data[:24].hex(' ', 4)}; fields are little-endian int32)")
 
 
+# a truncation: (bytes the record header, followers or int32 at the offset need, bytes left from there)
+TRUNCATED = {"truncated in the middle of a record": (8, 0), "truncated inside a record header": (20, 12),
+             "size not a multiple of 4": (4, 1), "4 trailing bytes after the last record": (20, 4)}
+
+
 def _damaged_files() -> list[tuple[str, bytes, int]]:
     """``(what, file bytes, offset)``: the byte offset of the damage, the first byte of the word or record
     at fault (a record is 4 n-gram words, ntokens, then ntokens (token, count) pairs: the good file's
-    first record, (1, 2) with 2 followers, spans bytes 0..35, the second, (7,), bytes 36..63)."""
+    first record, (1, 2) with 2 followers, spans bytes 0..35, the second, (7,), bytes 36..63); the sizes
+    of the truncations are in :data:`TRUNCATED`."""
     good = llama_format.to_bytes({(1, 2): {3: 4, 5: 6}, (7,): {8: 9}})
     words = np.frombuffer(good, dtype=llama_format.INT32_LE).tolist()
 
@@ -121,7 +127,9 @@ def _damaged_files() -> list[tuple[str, bytes, int]]:
 def damaged_files_are_refused(impl):
     """Truncated or corrupt cache files (also malformed records: duplicate keys, gaps, negative ids, trailing bytes)
     raise an error (ValueError or OSError) instead of loading; an error that names the byte offset of the
-    damage (an ``offset`` attribute, optional) names the right one."""
+    damage (an ``offset`` attribute, optional) names the right one, and one that says how much a
+    truncation lacks (``needed`` and ``left``, optional) gives the bytes needed at that offset and the
+    bytes the file has from there."""
     with tempfile.TemporaryDirectory(prefix="ngram-spec-conformance-") as tmp:
         path = os.path.join(tmp, "damaged.bin")
         for what, data, offset in _damaged_files():
@@ -134,6 +142,11 @@ def damaged_files_are_refused(impl):
                 assert got is None or got == offset, (
                     f"a cache file with {what} ({len(data)} bytes: {data.hex(' ', 4)}) was refused naming byte "
                     f"offset {got}, but the damage is at byte {offset}: {exc}")
+                sizes = (getattr(exc, "needed", None), getattr(exc, "left", None))
+                assert sizes == (None, None) or sizes == TRUNCATED.get(what), (
+                    f"a cache file with {what} ({len(data)} bytes: {data.hex(' ', 4)}) was refused saying "
+                    f"(needed, left) = {sizes} bytes, expected {TRUNCATED.get(what, '(None, None): not a truncation')}: "
+                    f"{exc}")
                 continue
             rows = _rows(impl, cache) if getattr(impl, "cache_entries", None) else "?"
             raise AssertionError(f"a cache file with {what} ({len(data)} bytes: {data.hex(' ', 4)}) loaded "

@@ -383,3 +383,61 @@ def greedy_equals_the_reference(impl, model, prompt, max_tokens):
     assert_same_tokens(reference, ref_model, prompt, want, got,
                        f"tiny {model[0]} (seed {model[1]}), prompt {prompt}, max_tokens {max_tokens}: "
                        f"reference vs {'speculative' if drafter else 'plain'} greedy of the backend")
+
+
+def _memory_gb() -> float | None:
+    """The machine's physical memory in GB (None where the OS does not say)."""
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_stream(impl, m, prompt, max_tokens, drafter, eos, truth, what) -> None:
+    """One ``stream_generate`` run against mlx-lm's rules (see :func:`stream_generate_follows_mlx_lm`)."""
+    limit = 256 if max_tokens is None else max_tokens
+    t0 = time.perf_counter()
+    responses, seen = [], []
+    for r in impl.stream_generate(m, list(prompt), max_tokens=max_tokens, drafter=drafter, draft_max=4,
+                                  eos=tuple(eos)):
+        responses.append(r)
+        seen.append(time.perf_counter() - t0)
+    tokens = [int(r.token) for r in responses]
+    end = next((i + 1 for i, t in enumerate(truth) if t in eos), len(truth))
+    assert_same_tokens(impl, m, prompt, truth[:min(end, limit)], tokens, what)
+    if tokens != truth[:min(end, limit)]:
+        return
+    memory = _memory_gb()
+    for i, (r, t) in enumerate(zip(responses, seen)):
+        last = i == len(responses) - 1
+        want_reason = None if not last else "stop" if tokens[-1] in eos else "length"
+        assert (r.generation_tokens, r.finish_reason, r.prompt_tokens) == (i + 1, want_reason, len(prompt)), (
+            f"{what}: response {i + 1} of {len(responses)} reports generation_tokens {r.generation_tokens}, "
+            f"finish_reason {r.finish_reason!r}, prompt_tokens {r.prompt_tokens}; expected {i + 1}, "
+            f"{want_reason!r}, {len(prompt)}")
+        # rates are counts over times within the call: at least the count over the time since the call
+        assert r.generation_tps >= (i + 1) / t and r.prompt_tps >= len(prompt) / seen[0], (
+            f"{what}: response {i + 1} reports generation_tps {r.generation_tps}, prompt_tps {r.prompt_tps}, "
+            f"but {i + 1} tokens came {t:.4f} s after the call (the first {seen[0]:.4f} s)")
+        assert 0 <= r.peak_memory and (memory is None or r.peak_memory <= memory), (
+            f"{what}: response {i + 1} reports peak_memory {r.peak_memory} GB; the machine has {memory} GB")
+    assert tokens[-1] in eos or len(tokens) == limit, f"{what}: {len(tokens)} tokens, none EOS, max_tokens {limit}"
+
+
+@check("greedy", needs=GENERATE + ("stream_generate", "NgramDrafter"))
+def stream_generate_follows_mlx_lm(impl):
+    """A backend with mlx-lm's ``stream_generate`` API yields, plain and speculative, one response per
+    generated token: plain greedy's tokens up to EOS (its response included) or ``max_tokens`` (256, mlx-lm's
+    default, when omitted), ``generation_tokens`` counting them, ``finish_reason`` None until the last
+    ("stop" at EOS, "length" at max_tokens), ``prompt_tokens`` the prompt's length, token rates no lower than
+    the count over the time since the call, and a peak memory within the machine's (GB)."""
+    m = models.load(impl, "qwen3_5", 0)
+    prompt = [9, 8, 7, 9, 8, 7, 9, 8]
+    truth, _ = generate(impl, m, prompt, 256)
+    where = f"stream_generate on tiny qwen3_5 (seed 0), prompt {prompt}"
+    for max_tokens, eos in ((10, ()), (12, (truth[4],)), (None, ())):
+        for drafter in (None, impl.NgramDrafter()):
+            what = f"{where}, max_tokens {max_tokens}, eos {list(eos)}, {'a' if drafter else 'no'} drafter"
+            check_stream(impl, m, prompt, max_tokens, drafter, eos, truth, what)

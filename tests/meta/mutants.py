@@ -350,6 +350,38 @@ def bonus_token_not_handed_to_drafter():
     return replaced(generate, forgetful)
 
 
+def steps_counted_per_token():
+    """The reported ``steps`` counts emitted tokens, not forwards (a porter's slip: equal in plain decoding)."""
+    generate = reference.speculative.speculative_generate
+
+    def per_token(model, prompt, max_tokens, drafter, draft_max, eos=(), on_tokens=None):
+        tokens, stats = generate(model, prompt, max_tokens, drafter, draft_max, eos=eos, on_tokens=on_tokens)
+        stats.steps = len(tokens)
+        return tokens, stats
+
+    return replaced(generate, per_token)
+
+
+def draft_max_0_still_drafts():
+    """With draft_max=0 the generation still asks the drafter for one token per step (and verifies it)."""
+    generate = reference.speculative.speculative_generate
+
+    def asks_anyway(model, prompt, max_tokens, drafter, draft_max, eos=(), on_tokens=None):
+        return generate(model, prompt, max_tokens, drafter, max(draft_max, 1), eos=eos, on_tokens=on_tokens)
+
+    return replaced(generate, asks_anyway)
+
+
+def replay_default_n_draft_8():
+    """replay() defaults to n_draft = 8 instead of lookup-stats' 16."""
+    replay = reference.replay.replay
+
+    def replay_8(tokens, n_ctx=4096, n_draft=8, **kwargs):
+        return replay(tokens, n_ctx, n_draft, **kwargs)
+
+    return replaced(replay, replay_8)
+
+
 # -- sampling (the reference does not sample: this mutant is of the MLX backend) ------------------
 
 def greedy_acceptance_when_sampling():
@@ -441,4 +473,10 @@ MUTANTS = {
                                                        ["cache_files.damaged_files_are_refused"]),
     "bonus token taken greedily at temperature > 0": (greedy_bonus_token_when_sampling, "mlx",
                                                       ["sampling.drafts_do_not_change_the_distribution"]),
+    # issue 11, second stop: the counts a generation reports, draft_max = 0, replay's defaults
+    "steps counted per emitted token": (steps_counted_per_token, "reference",
+                                        ["greedy.speculative_equals_plain_greedy",
+                                         "greedy.forced_right_wrong_and_empty_drafts"]),
+    "draft_max = 0 still drafts": (draft_max_0_still_drafts, "reference", ["greedy.draft_max_0_is_plain_decoding"]),
+    "replay defaults to n_draft = 8": (replay_default_n_draft_8, "reference", ["replay.replay_defaults_and_times"]),
 }
