@@ -366,7 +366,8 @@ def _open_words(path: Path):
         data = np.frombuffer(mapping, np.uint8) if size else np.zeros(0, np.uint8)
     if len(data) % 4:
         raise CacheFileError(path, len(data) - len(data) % 4,
-                             f"file size {len(data)} is not a multiple of 4 (truncated int32)")
+                             f"file size {len(data)} is not a multiple of 4: a truncated int32", needed=4,
+                             left=len(data) % 4)
     if not len(data):
         raise CacheFileError(path, 0, EMPTY_FILE)
     return data.view("<i4").astype(np.int32, copy=False), mapping
@@ -399,12 +400,12 @@ def read_llama(path: str | os.PathLike) -> SortedCache:
         start = o
         o, R, err, at, value = _scan_llama(words, o, min(W, o + CHUNK_WORDS), R, w0, w1, size, nt)
         _release(mapping, start, o)
-    problems = {1: lambda: f"truncated record: {4 * (W - at)} bytes left, a record header needs 20",
-                2: lambda: f"invalid n-gram {words[at:at + 4].tolist()} (expected 1..4 token ids >= 0 then -1)",
-                3: lambda: f"non-positive follower count ntokens={value}",
-                4: lambda: f"truncated record: ntokens={value} needs {8 * value} bytes, {4 * (W - at)} left",
-                5: lambda: f"negative follower token {value}", 6: lambda: f"non-positive count {value}"}
-    first = [(4 * at, problems[err]())] if err else []  # (byte offset, problem): the first of each kind
+    problems = {1: lambda: ("truncated record header", dict(needed=20, left=4 * (W - at))),
+                2: lambda: (f"invalid n-gram {words[at:at + 4].tolist()} (expected 1..4 token ids >= 0 then -1)", {}),
+                3: lambda: (f"non-positive follower count ntokens={value}", {}),
+                4: lambda: (f"truncated record: ntokens={value} followers", dict(needed=8 * value, left=4 * (W - at))),
+                5: lambda: (f"negative follower token {value}", {}), 6: lambda: (f"non-positive count {value}", {})}
+    first = [(4 * at, *problems[err]())] if err else []  # (byte offset, problem, sizes): the first of each kind
     w0, w1, size, nt = w0[:R], w1[:R], size[:R], nt[:R]
     sizes = [n for n in range(1, NGRAM_MAX + 1) if np.any(size == n)]
     base = np.zeros(NGRAM_MAX + 2, np.int64)  # first entry of each size's section; the total last
@@ -424,7 +425,7 @@ def read_llama(path: str | os.PathLike) -> SortedCache:
             r = int(order[1:][same].min())
             r = int(rec[r]) if len(rec) else r
             slots = words_to_slots(w0[r:r + 1], w1[r:r + 1] if n > 2 else np.full(1, -1, np.int64))[0, :n]
-            first.append((4 * _record_start(words, r), f"duplicate n-gram {tuple(slots.tolist())}"))
+            first.append((4 * _record_start(words, r), f"duplicate n-gram {tuple(slots.tolist())}", {}))
         del a0, same
         E = int(nt[rec].sum(dtype=np.int64) if len(rec) else nt.sum(dtype=np.int64))
         if E >= 2**32:
@@ -447,9 +448,10 @@ def read_llama(path: str | os.PathLike) -> SortedCache:
     big_dup = _sort_big(words, big[:n_big], tokens, counts)
     dup_at = big_dup if dup_at < 0 or 0 <= big_dup < dup_at else dup_at
     if dup_at >= 0:
-        first.append((4 * dup_at, f"duplicate follower {int(words[dup_at])}"))
+        first.append((4 * dup_at, f"duplicate follower {int(words[dup_at])}", {}))
     if first:
-        raise CacheFileError(path, *min(first))
+        offset, problem, sizes = min(first, key=lambda e: e[:2])
+        raise CacheFileError(path, offset, problem, **sizes)
     del dst, nt, size
     out = {}
     for n, (keys, offsets, E) in sections.items():

@@ -40,10 +40,15 @@ EMPTY_CACHE = ("the cache is empty: nothing to write (llama.cpp's format has no 
 
 
 class CacheFileError(ValueError):
-    """A cache file that is truncated or corrupt; names the file and the byte offset."""
+    """A cache file that is truncated or corrupt; names the file and the byte offset. A truncation also
+    says how many bytes the record (or int32) at ``offset`` needs (``needed``) and how many the file
+    has from there (``left``)."""
 
-    def __init__(self, path: str | os.PathLike, offset: int, problem: str):
-        self.path, self.offset, self.problem = str(path), offset, problem
+    def __init__(self, path: str | os.PathLike, offset: int, problem: str, *, needed: int | None = None,
+                 left: int | None = None):
+        self.path, self.offset, self.problem, self.needed, self.left = str(path), offset, problem, needed, left
+        if needed is not None:
+            problem += f" ({needed} bytes needed, {left} left)"
         super().__init__(f"cache file {path}: {problem} at byte offset {offset}"
                          " (not an n-gram cache file in llama.cpp's format, or truncated/corrupt)")
 
@@ -75,7 +80,8 @@ def load_cache(path: str | os.PathLike, *, vocab_size: int | None = None,
         return cache
     if len(data) % 4:
         raise CacheFileError(path, len(data) - len(data) % 4,
-                             f"file size {len(data)} is not a multiple of 4 (truncated int32)")
+                             f"file size {len(data)} is not a multiple of 4: a truncated int32", needed=4,
+                             left=len(data) % 4)
     words = np.frombuffer(data, dtype="<i4").tolist()
     counts: dict[tuple[int, ...], dict[int, int]] = {}
     o = 0  # position in int32 words; the byte offset is 4 * o
@@ -83,8 +89,8 @@ def load_cache(path: str | os.PathLike, *, vocab_size: int | None = None,
               leave=False) as bar:  # on stderr, shown only on a terminal
         while o < len(words):
             if o + RECORD_HEAD > len(words):
-                raise CacheFileError(path, 4 * o, f"truncated record: {4 * (len(words) - o)} bytes left, "
-                                                   f"a record header needs {4 * RECORD_HEAD}")
+                raise CacheFileError(path, 4 * o, "truncated record header", needed=4 * RECORD_HEAD,
+                                     left=4 * (len(words) - o))
             slots, ntokens = words[o:o + LLAMA_NGRAM_MAX], words[o + LLAMA_NGRAM_MAX]
             n = next((i for i, t in enumerate(slots) if t == TOKEN_NULL), LLAMA_NGRAM_MAX)
             eta = tuple(slots[:n])
@@ -97,8 +103,8 @@ def load_cache(path: str | os.PathLike, *, vocab_size: int | None = None,
             body = o + RECORD_HEAD
             end = body + 2 * ntokens
             if end > len(words):
-                raise CacheFileError(path, 4 * body, f"truncated record for n-gram {eta}: ntokens={ntokens} needs "
-                                                      f"{8 * ntokens} bytes, {4 * (len(words) - body)} left")
+                raise CacheFileError(path, 4 * body, f"truncated record for n-gram {eta}: ntokens={ntokens} "
+                                                      "followers", needed=8 * ntokens, left=4 * (len(words) - body))
             part: dict[int, int] = {}
             for j in range(body, end, 2):
                 y, c = words[j], words[j + 1]

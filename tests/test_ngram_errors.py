@@ -42,17 +42,17 @@ SECOND = words(3, 4, 5, -1, 1, 6, 1)  # (3, 4, 5) -> {6: 1}: 28 bytes
 @pytest.mark.parametrize("cut, offset, pattern", [
     (1, 36, "file size 37 is not a multiple of 4"),
     (15, 48, "file size 51 is not a multiple of 4"),
-    (4, 36, "truncated record: 4 bytes left, a record header needs 20"),
-    (16, 36, "truncated record: 16 bytes left"),
-    (20, 56, r"truncated record for n-gram \(3, 4, 5\): ntokens=1 needs 8 bytes, 0 left"),
-    (24, 56, "needs 8 bytes, 4 left"),
+    (4, 36, r"truncated record header \(20 bytes needed, 4 left\)"),
+    (16, 36, r"truncated record header \(20 bytes needed, 16 left\)"),
+    (20, 56, r"truncated record for n-gram \(3, 4, 5\): ntokens=1 followers \(8 bytes needed, 0 left\)"),
+    (24, 56, r"\(8 bytes needed, 4 left\)"),
 ])
 def test_truncated_file(tmp_path, cut, offset, pattern):
     expect_cache_error(tmp_path, GOOD + SECOND[:cut], offset, pattern)
 
 
 def test_truncated_followers(tmp_path):
-    expect_cache_error(tmp_path, GOOD[:-8], 20, r"ntokens=2 needs 16 bytes, 8 left")
+    expect_cache_error(tmp_path, GOOD[:-8], 20, r"ntokens=2 followers \(16 bytes needed, 8 left\)")
 
 
 @pytest.mark.parametrize("data, offset, pattern", [

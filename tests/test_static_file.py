@@ -331,5 +331,6 @@ def test_damaged_llama_files_fail_like_the_reference(tmp_path_factory, data):
             api.load_cache(path)
         kind = [k for k in KINDS if e.problem.startswith(k)]
         assert (mine.value.offset, mine.value.problem.startswith(kind[0])) == (e.offset, True), (mine.value, e)
+        assert (mine.value.needed, mine.value.left) == (e.needed, e.left), (mine.value, e)
         return
     assert_same_arrays(api.load_cache(path), api.as_sorted(theirs))
