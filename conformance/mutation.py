@@ -141,6 +141,7 @@ OUT_OF_REACH: dict[tuple[str, str], str] = {
     ("reference/replay.py", "t_draft_us = t_draft_ns / 1e3"): _TIMING,
     ("reference/replay.py", 'bar = tqdm(total=len(chunk_starts) * n_ctx, unit="tok", desc="replay", '
                             'disable=None if progress is None'): "the length of a progress bar",
+    ("reference/cache_file.py", "bar.update(4 * (end - o))"): "the advance of a progress bar",
     ("mlx_backend/sampling.py", "for i in range(k + 1):"): _PROCESSORS,
     ("mlx_backend/sampling.py", "seen = mx.array(list(history or []) + drafts[:i])"): _PROCESSORS,
     ("mlx_backend/rollback.py", "a[:, t:t + 1], b[:, t:t + 1], self.A_log,"): _RECOGNISED,

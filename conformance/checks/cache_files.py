@@ -85,6 +85,7 @@ def saved_files_are_llama_format(impl, cache, order):
 
 # a truncation: (bytes the record header, followers or int32 at the offset need, bytes left from there)
 TRUNCATED = {"truncated in the middle of a record": (8, 0), "truncated inside a record header": (20, 12),
+             "truncated inside the followers of a record": (16, 8),
              "size not a multiple of 4": (4, 1), "4 trailing bytes after the last record": (20, 4)}
 
 
@@ -105,6 +106,7 @@ def _damaged_files() -> list[tuple[str, bytes, int]]:
         ("no bytes at all (an empty file)", b"", 0),
         ("truncated in the middle of a record", good[:-8], 56),  # the second record's followers start at 56
         ("truncated inside a record header", good[:12], 0),
+        ("truncated inside the followers of a record", good[:28], 20),  # (1, 2)'s 2 followers start at 20
         ("size not a multiple of 4", good + b"\x01", 64),
         ("ntokens = 0", pack(words[:4] + [0] + words[5 + 2 * words[4]:]), 16),
         ("ntokens = -1", pack(words[:4] + [-1] + words[5 + 2 * words[4]:]), 16),
