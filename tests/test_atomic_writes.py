@@ -152,8 +152,11 @@ def test_a_signal_mid_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path,
     out.write_bytes(OLD)
     before = sorted(p.name for p in tmp_path.iterdir())
     env = {**os.environ, HOLD_ENV: "60", "PYTHONPATH": str(ROOT)}
+    # a shell without job control starts background commands with SIGINT ignored, and a Python started so
+    # keeps ignoring it (no KeyboardInterrupt): give the writer the default disposition a terminal gives
     proc = subprocess.Popen([sys.executable, "-m", "reference", *map(str, argv)], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         while not list(tmp_path.glob(".out.*.tmp")):  # the writer's temporary file: it is writing now
