@@ -130,17 +130,24 @@ def replay_tries_context_before_dynamic(impl):
                          "and a dynamic cache of [1, 2, 9] * 40", c_dyn=oracle.counts(dyn_src))
 
 
+def _repeating_stream(n: int, seed: int, substitutions: int) -> list[int]:
+    """``n`` tokens that repeat a random period of 23 ids with ``substitutions`` tokens replaced at random
+    places: long accepted drafts and rejected ones."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    period = rng.integers(0, 2**31 - 1, 23).tolist()
+    stream = [period[i % len(period)] for i in range(n)]
+    for i in rng.integers(0, n, substitutions).tolist():
+        stream[i] = period[i % 7]
+    return stream
+
+
 @check("replay", needs=("replay",))
 def replay_past_2_16_tokens(impl):
     """A replay of 70,001 tokens in 20 chunks (positions past 2^16, the dynamic cache growing over them)
     follows lookup-stats' rules, call for call."""
-    import numpy as np
-
-    rng = np.random.default_rng(11)
-    period = rng.integers(0, 2**31 - 1, 23).tolist()
-    stream = [period[i % len(period)] for i in range(70_001)]
-    for i in rng.integers(0, len(stream), 400).tolist():  # substitutions: rejected drafts everywhere
-        stream[i] = period[i % 7]
+    stream = _repeating_stream(70_001, 11, 400)   # substitutions: rejected drafts everywhere
     n_ctx, n_draft = 3_500, 16
     replay_follows_rules(impl, stream, n_ctx, n_draft, "replay of the fixed 70,001-token stream of "
                          f"replay_past_2_16_tokens, n_ctx={n_ctx}, n_draft={n_draft}")
@@ -175,18 +182,6 @@ def replay_with_n_draft_0_and_below(impl):
 
 
 
-def _repeating_stream(n: int, seed: int) -> list[int]:
-    """``n`` tokens that repeat a period of 23 with substitutions: long accepted drafts and rejected ones."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    period = rng.integers(0, 2**31 - 1, 23).tolist()
-    stream = [period[i % len(period)] for i in range(n)]
-    for i in rng.integers(0, n, n // 100).tolist():
-        stream[i] = period[i % 7]
-    return stream
-
-
 @check("replay", needs=("replay",))
 def replay_defaults_and_times(impl):
     """``replay``'s defaults, where it has them, are lookup-stats' (``n_ctx`` 4096, ``n_draft`` 16); the times
@@ -198,7 +193,7 @@ def replay_defaults_and_times(impl):
         default = params[name].default if name in params else inspect.Parameter.empty
         assert default in (inspect.Parameter.empty, want), (
             f"replay's {name} defaults to {default}; lookup-stats' default is {want}")
-    stream = _repeating_stream(300, 5)
+    stream = _repeating_stream(300, 5, 3)
     c_st, c_dyn = oracle.counts(stream[100:], sizes=(2,)), oracle.counts(stream[:200])
     if getattr(impl, "load_cache", None) is None:
         c_st = c_dyn = None   # caches are handed as llama.cpp files: without load_cache, none
