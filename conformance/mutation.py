@@ -147,6 +147,14 @@ OUT_OF_REACH: dict[tuple[str, str], str] = {
     ("mlx_backend/rollback.py", "a[:, t:t + 1], b[:, t:t + 1], self.A_log,"): _RECOGNISED,
     ("mlx_backend/rollback.py", "qkv = mx.concatenate([q.reshape(B, S, -1), k.reshape(B, S, -1), "
                                 "v.reshape(B, S, -1)], axis=-1)"): _RECOGNISED,
+    ("mlx_backend/rollback.py", 'elif hasattr(c, "trim") and c.is_trimmable():'):
+        "a cache with trim() that is not trimmable: among mlx-lm's caches only a RotatingKVCache past its size "
+        "(taken by the line before) and a BatchRotatingKVCache past its size (batched generation; speculation "
+        "runs batch size 1), neither of which the protocol's models make",
+    ("mlx_backend/rollback.py", "seen = seen[np.array(one).reshape(-1)]"):
+        "mlx-lm's one-token mask inside a ring larger than its layer's window (window_size < max_size): no "
+        "protocol model has one (each sliding layer's ring is its window, as mlx-lm's models make it); "
+        "tests/test_mlx_windowed.py covers it (llama-window-in-bigger-ring)",
     ("mlx_backend/ngram_tables.py", "n = max(0, end - max(start, 1))"):
         "HashTable.update, called by the server's dynamic-cache learning only (the drafter counts inside its "
         "kernel); tests/test_server.py covers it",

@@ -245,55 +245,37 @@ def _clear(obj) -> None:
 
 # -- rotating (sliding-window) KV caches --------------------------------------------------------
 
-def _row_positions(L: int, offset: int, keep: int, idx: int) -> np.ndarray:
-    """Token position held by each row a ``RotatingKVCache`` returns (its first ``min(offset, L)``
-    buffer rows), from its state: buffer length ``L``, ``offset``, ``keep``, write index ``_idx``.
-
-    Never wrapped (``offset <= L``): row r holds token r. Wrapped: rows ``< keep`` hold tokens
-    ``0..keep-1``, and the others, in mlx-lm's temporal order (rows ``_idx..L-1``, then
-    ``keep.._idx-1``), hold the last ``L - keep`` tokens.
-    """
-    r = np.arange(min(offset, L))
-    if offset <= L:
-        return r
-    t = r if idx >= L else np.where(r >= idx, keep + r - idx, L - idx + r)
-    return np.where(r < keep, r, offset - L + t)
-
-
 @functools.lru_cache(maxsize=256)
 def single_step_mask(L: int, offset: int, keep: int, max_size: int, idx: int,
                      window_size: int | None, S: int) -> np.ndarray:
     """``[S, n + S]`` bool: which keys query i of a verify forward may attend, for the ``n`` rows a
-    ``RotatingKVCache`` in this state returns followed by the S new rows, so that token
-    ``offset + i`` sees exactly the tokens a one-token decoding step at its position sees.
+    ``RotatingKVCache`` in this state returns (its first ``min(offset, L)`` buffer rows, ``L`` the
+    buffer length) followed by the S new rows, so that token ``offset + i`` sees exactly the tokens a
+    one-token decoding step at its position sees.
 
-    The rule is mlx-lm's own: a shadow ``RotatingKVCache`` whose rows hold token positions takes
-    the S one-token updates (``_update_in_place``) and gives the one-token masks (``make_mask``).
-    A multi-token forward through mlx-lm's ``_update_concat`` differs once the ring has wrapped
-    with ``keep > 0`` (it drops the kept rows for later queries and sees up to ``max_size + S - 1``
-    keys), which is why the verify forward does not use it.
+    The rule is mlx-lm's own: a shadow ``RotatingKVCache`` in the same state (``offset``, ``keep``,
+    write index ``_idx``), whose row j holds the tag j + 1, takes the S one-token updates
+    (``_update_in_place``, the new row tagged n + i + 1) and gives the one-token masks
+    (``make_mask``); the tags it returns are the columns query i attends. A multi-token forward
+    through mlx-lm's ``_update_concat`` differs once the ring has wrapped with ``keep > 0`` (it drops
+    the kept rows for later queries and sees up to ``max_size + S - 1`` keys), which is why the
+    verify forward does not use it.
     """
-    positions = _row_positions(L, offset, keep, idx)
-    columns = np.concatenate([positions, offset + np.arange(S)])
+    n = min(offset, L)
     shadow = RotatingKVCache(max_size, keep)
     if L:
-        tags = np.zeros(L, np.float32)   # tag = position + 1; 0 marks a row never written
-        tags[:positions.size] = positions + 1
+        tags = np.zeros(L, np.float32)   # 0 marks a row never written
+        tags[:n] = np.arange(1, n + 1)
         shadow.keys = shadow.values = mx.array(tags).reshape(1, 1, L, 1)
         shadow.offset, shadow._idx = offset, idx
-    mask = np.zeros((S, columns.size), bool)
+    mask = np.zeros((S, n + S), bool)
     for i in range(S):
         one = shadow.make_mask(1, window_size=window_size)
-        tag = mx.full((1, 1, 1, 1), offset + i + 1, mx.float32)
+        tag = mx.full((1, 1, 1, 1), n + i + 1, mx.float32)
         seen = np.array(shadow.update_and_fetch(tag, tag)[0]).reshape(-1)
         if one is not None:
             seen = seen[np.array(one).reshape(-1)]
-        seen = seen[seen > 0].astype(np.int64) - 1
-        mask[i] = np.isin(columns, seen)
-        if mask[i].sum() != seen.size:
-            raise RollbackUnsupported(f"RotatingKVCache(max_size={max_size}, keep={keep}) at offset "
-                                      f"{offset}: a one-token step would attend rows the cache no "
-                                      f"longer holds. Use draft_max=0 (--no-spec).")
+        mask[i, seen[seen > 0].astype(np.int64) - 1] = True
     return mask
 
 

@@ -14,7 +14,7 @@ from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
 from mlx_backend.generate import SpecStats, ngram_speculative_generate_step
-from mlx_backend.rollback import VerifyCache, _row_positions
+from mlx_backend.rollback import VerifyCache
 from mlx_backend.tiny_mlx import WINDOWED, tiny_model
 
 from test_mlx_generate import ScriptedDrafter, argmax_sampler, assert_greedy_equal
@@ -126,23 +126,6 @@ def test_mlx_multi_token_forward_over_a_wrapped_ring_with_keep_differs_from_one_
     verify = [1, 2, 3, 4, 5]
     assert not mx.allclose(model(mx.array([verify]), cache=a)[0], single_steps(model, b, verify),
                            atol=1e-3).item()
-
-
-@settings(max_examples=30, deadline=None)
-@given(max_size=st.integers(2, 12), keep=st.integers(0, 4),
-       updates=st.lists(st.integers(1, 6), min_size=1, max_size=12))
-def test_row_positions_follow_the_ring(max_size, keep, updates):
-    """``_row_positions`` (from offset, _idx, keep and the buffer length) names the token each
-    returned row holds, after any mix of one-token and multi-token updates of mlx-lm's ring."""
-    keep = min(keep, max_size - 1)
-    c = RotatingKVCache(max_size=max_size, keep=keep)
-    pos = 0
-    for S in updates:
-        tags = mx.arange(pos, pos + S, dtype=mx.float32).reshape(1, 1, S, 1)
-        keys, _ = c.update_and_fetch(tags, tags)
-        pos += S
-        got = _row_positions(c.keys.shape[2], c.offset, c.keep, c._idx)
-        assert got.tolist() == np.array(keys).reshape(-1).astype(int).tolist()
 
 
 def test_chunked_cache_is_trimmed_exactly():
