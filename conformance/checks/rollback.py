@@ -43,11 +43,18 @@ def run_steps(impl, model, prompt, steps):
 
 def _check_offset(cache, kept, steps) -> None:
     """A cache that reports ``offset`` (optional: the number of tokens its state summarises) counts the
-    kept tokens."""
+    kept tokens; one that reports ``n_replays`` (optional: how many times ``keep`` re-ran tokens through
+    the model) re-ran none: every layer of the protocol's models (attention rows, sliding windows, a
+    GatedDeltaNet's conv window and recurrent matrix) can be cut back to any m from what the verify
+    forward computed, so a rollback that recomputes has failed to recognise a layer."""
     offset = getattr(cache, "offset", None)
     assert offset is None or offset == len(kept), (
         f"after the prompt and the verify steps (tokens, m) {steps} the cache reports offset = {offset}, but "
         f"it holds the state of {len(kept)} tokens")
+    replays = getattr(cache, "n_replays", None)
+    assert not replays, (
+        f"after the prompt and the verify steps (tokens, m) {steps} the cache reports n_replays = {replays}: "
+        f"keep(m) re-ran tokens through the model instead of cutting the state the verify forward recorded")
 
 
 def state_error(impl, model, prompt, steps) -> tuple[float, list[int]]:

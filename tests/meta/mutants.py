@@ -305,6 +305,14 @@ def keep_zero_keeps_all():
     return attribute(model_cache.ModelCache, "keep", lambda self, m: keep(self, m or self.pending))
 
 
+def gdn_rolled_back_by_recompute():
+    """The MLX rollback does not recognise mlx-lm's GatedDeltaNet layers: it snapshots them and re-runs the
+    kept tokens (the same tokens, a second forward for every partly rejected draft)."""
+    import mlx_backend.rollback as rollback
+
+    return attribute(rollback, "gdn_projections", lambda layer: None)
+
+
 # -- generation ----------------------------------------------------------------------------------
 
 def eos_first_not_checked():
@@ -479,4 +487,7 @@ MUTANTS = {
                                          "greedy.forced_right_wrong_and_empty_drafts"]),
     "draft_max = 0 still drafts": (draft_max_0_still_drafts, "reference", ["greedy.draft_max_0_is_plain_decoding"]),
     "replay defaults to n_draft = 8": (replay_default_n_draft_8, "reference", ["replay.replay_defaults_and_times"]),
+    "GatedDeltaNet rolled back by re-running": (gdn_rolled_back_by_recompute, "mlx",
+                                                ["rollback.zero_draft_steps_between_drafted_steps",
+                                                 "rollback.keep_m_equals_feeding_m_tokens"]),
 }
