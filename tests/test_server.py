@@ -398,7 +398,7 @@ def test_serve_is_listed_without_mlx_with_the_install_hint():
     from reference.cli import UserError, _register_unavailable
 
     sub = argparse.ArgumentParser(prog="ngram-spec").add_subparsers(dest="command")
-    _register_unavailable(sub, "mlx_backend.server", "mlx")
+    _register_unavailable(sub, "mlx_backend.serve_command", "mlx")
     args = sub.choices["serve"].parse_args([])
     with pytest.raises(UserError, match=r"pip install 'ngram-spec\[mlx\]'"):
         args.func(args)

@@ -17,7 +17,7 @@ COMMAND_MODULES = (
     "reference.cli.model",  # generate, tiny-model
     "mlx_backend.cli",  # demo
     "mlx_backend.cli_tables",  # convert
-    "mlx_backend.server",  # serve
+    "mlx_backend.serve_command",  # serve
     "conformance.cli",  # conformance
 )
 
@@ -54,7 +54,7 @@ def _register_unavailable(sub, module_name: str, missing: str) -> None:
     """Keep the command line usable without mlx: the mlx commands then explain how to get them."""
     help_text = f"(needs {missing}: pip install 'ngram-spec[mlx]')"
     commands = {"mlx_backend.cli": ["demo"], "mlx_backend.cli_tables": ["convert"],
-                "mlx_backend.server": ["serve"]}.get(module_name, [])
+                "mlx_backend.serve_command": ["serve"]}.get(module_name, [])
     for command in commands:
         parser = sub.add_parser(command, help=help_text, description=help_text)
 
