@@ -10,9 +10,11 @@ import argparse
 import importlib.util
 import json
 
+import mlx.core  # noqa: F401  (without mlx or mlx-lm, reference.cli lists `serve` with the install hint)
+
 from mlx_backend.blas import CHOICES as BLAS_CHOICES
 
-if importlib.util.find_spec("mlx_lm") is None:   # reference.cli then lists `serve` with the install hint
+if importlib.util.find_spec("mlx_lm") is None:
     raise ModuleNotFoundError("No module named 'mlx_lm'", name="mlx_lm")
 
 
