@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -341,3 +342,43 @@ def test_bench_live_drafting_reference(benchmark, data, static):
                                        rounds=1, iterations=1)
     info(benchmark, data, n_drafted=drafted, seconds_in_drafter=round(secs, 3),
          us_per_drafted_token=round(1e6 * secs / max(drafted, 1), 3), sample=f"text-a[:{REF_TOKENS}], static-small")
+
+
+# ----------------------------------------------------------------------------- cold start (issue 15)
+
+def _command(argv: list[str], numba_cache: Path) -> float:
+    """Wall seconds of ``ngram-spec ARGV`` in a new process with ``NUMBA_CACHE_DIR=numba_cache``."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(numba_cache)}
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "reference", *argv], capture_output=True, text=True, env=env,
+                         timeout=900, cwd=Path(__file__).parents[1])
+    seconds = time.perf_counter() - t0
+    assert out.returncode == 0, out.stderr[-2000:]
+    return seconds
+
+
+@pytest.mark.parametrize("command", ["stats", "create"])
+def test_bench_cold_start(benchmark, data, tmp_path, command):
+    """``ngram-spec stats`` / ``create`` on the bundled 65,536-token text: first run after installing
+    (numba's cache empty: every kernel it needs compiled) and second run (kernels loaded from the
+    cache). Issue 15's target: under 2 s cold."""
+    tokens = vectors.local_path("text-a.i32")
+    argv = (["stats", str(tokens), "--json"] if command == "stats"
+            else ["create", str(tokens), "-o", str(tmp_path / "out.bin")])
+    cold_cache = tmp_path / "numba-cold"
+    times = {}
+
+    def cold_then_warm():
+        cache = cold_cache / str(len(times.get("cold", [])))   # a new, empty numba cache per round
+        times.setdefault("cold", []).append(_command(argv, cache))
+        if (tmp_path / "out.bin").exists():
+            (tmp_path / "out.bin").unlink()
+        times.setdefault("warm", []).append(_command(argv, cache))
+        if (tmp_path / "out.bin").exists():
+            (tmp_path / "out.bin").unlink()
+
+    benchmark.pedantic(cold_then_warm, rounds=int(os.environ.get("NGRAM_SPEC_BENCH_ROUNDS", "3")), iterations=1)
+    info(benchmark, data, command=command, tokens=int(len(api.read_tokens(tokens))),
+         cold_s=round(statistics.median(times["cold"]), 2), warm_s=round(statistics.median(times["warm"]), 2),
+         cold_runs=[round(t, 2) for t in times["cold"]], warm_runs=[round(t, 2) for t in times["warm"]],
+         target_cold_s=2.0)
