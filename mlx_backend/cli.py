@@ -309,7 +309,8 @@ def run_generate(args) -> int:
         raise ValueError("--dtype float64 is for --backend reference; mlx takes quantized, float32, float16, bfloat16")
     if args.seed is not None:
         mx.random.seed(args.seed)
-    if not args.no_spec and (args.static or args.dynamic):   # the tables' compiled loops load with the model
+    tables = bool(args.static or args.dynamic)   # else the context cache alone: context_drafter()
+    if not args.no_spec and tables:   # the tables' compiled loops load with the model
         threading.Thread(target=_warm_drafter, daemon=True).start()
     shard = None
     if getattr(args, "shard", None):   # under mlx.launch: see mlx_backend/distributed.py
@@ -344,7 +345,7 @@ def run_generate(args) -> int:
     else:
         check_file_tokenizer(tokenizer, args.static, args.dynamic)
         c_dyn = load_dynamic(args.dynamic) if args.dynamic else None
-        drafter = default_drafter(c_st=args.static, c_dyn=c_dyn) if args.static or args.dynamic else context_drafter()
+        drafter = default_drafter(c_st=args.static, c_dyn=c_dyn) if tables else context_drafter()
         spec = dict(model=model, sampler=sampler, draft_max=args.draft_max, drafter=drafter)
         if shard:
             spec = shard.spec_kwargs(model, sampler=sampler, draft_max=args.draft_max, drafter=drafter,

@@ -365,20 +365,16 @@ def test_bench_cold_start(benchmark, data, tmp_path, command):
     tokens = vectors.local_path("text-a.i32")
     argv = (["stats", str(tokens), "--json"] if command == "stats"
             else ["create", str(tokens), "-o", str(tmp_path / "out.bin")])
-    cold_cache = tmp_path / "numba-cold"
-    times = {}
+    cold, warm = [], []
 
     def cold_then_warm():
-        cache = cold_cache / str(len(times.get("cold", [])))   # a new, empty numba cache per round
-        times.setdefault("cold", []).append(_command(argv, cache))
-        if (tmp_path / "out.bin").exists():
-            (tmp_path / "out.bin").unlink()
-        times.setdefault("warm", []).append(_command(argv, cache))
-        if (tmp_path / "out.bin").exists():
-            (tmp_path / "out.bin").unlink()
+        cache = tmp_path / f"numba-cold-{len(cold)}"   # a new, empty numba cache per round
+        for times in (cold, warm):
+            times.append(_command(argv, cache))
+            (tmp_path / "out.bin").unlink(missing_ok=True)
 
     benchmark.pedantic(cold_then_warm, rounds=int(os.environ.get("NGRAM_SPEC_BENCH_ROUNDS", "3")), iterations=1)
     info(benchmark, data, command=command, tokens=int(len(api.read_tokens(tokens))),
-         cold_s=round(statistics.median(times["cold"]), 2), warm_s=round(statistics.median(times["warm"]), 2),
-         cold_runs=[round(t, 2) for t in times["cold"]], warm_runs=[round(t, 2) for t in times["warm"]],
+         cold_s=round(statistics.median(cold), 2), warm_s=round(statistics.median(warm), 2),
+         cold_runs=[round(t, 2) for t in cold], warm_runs=[round(t, 2) for t in warm],
          target_cold_s=2.0)

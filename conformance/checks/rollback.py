@@ -32,16 +32,16 @@ def run_steps(impl, model, prompt, steps):
     impl.forward(model, prompt, cache)
     impl.keep(cache, len(prompt))
     kept = list(prompt)
-    _check_offset(cache, kept, [])
+    _check_reported_counts(cache, kept, [])
     for i, (tokens, m) in enumerate(steps):
         impl.forward(model, tokens, cache)
         impl.keep(cache, m)
         kept += tokens[:m]
-        _check_offset(cache, kept, steps[:i + 1])
+        _check_reported_counts(cache, kept, steps[:i + 1])
     return cache, kept
 
 
-def _check_offset(cache, kept, steps) -> None:
+def _check_reported_counts(cache, kept, steps) -> None:
     """A cache that reports ``offset`` (optional: the number of tokens its state summarises) counts the
     kept tokens; one that reports ``n_replays`` (optional: how many times ``keep`` re-ran tokens through
     the model) re-ran none: every layer of the protocol's models (attention rows, sliding windows, a
