@@ -19,10 +19,15 @@ if importlib.util.find_spec("mlx_lm") is None:
 
 
 def _size(text: str) -> int:
-    """A size in bytes as mlx_lm.server reads it (``--prompt-cache-bytes``)."""
+    """A size in bytes as mlx_lm.server reads it (``--prompt-cache-bytes``); anything else is one usage
+    error (mlx-lm's parser raises decimal or key errors, which argparse would show as a traceback)."""
     from mlx_lm.server import _parse_size
 
-    return _parse_size(text)
+    try:
+        return _parse_size(text)
+    except (ArithmeticError, KeyError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size: a number of bytes, optionally with M, MB, G "
+                                         f"or GB (e.g. 512M, 8G)") from exc
 
 
 def run_serve(args) -> int:

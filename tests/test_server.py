@@ -458,3 +458,15 @@ def test_a_response_cut_inside_a_verify_step_stores_the_tokens_its_hybrid_cache_
             assert a.shape == b.shape and mx.allclose(a, b, atol=1e-5).item()
         else:
             assert a == b
+
+
+def test_a_bad_prompt_cache_size_is_one_usage_error(capsys):
+    """mlx-lm's size parser raises decimal / key errors; the command line shows one usage line instead."""
+    from reference.cli import build_parser
+
+    for bad in ("xyz", "8X"):
+        with pytest.raises(SystemExit) as exit_:
+            build_parser().parse_args(["serve", "--prompt-cache-bytes", bad])
+        assert exit_.value.code == 2
+        assert f"{bad!r} is not a size" in capsys.readouterr().err
+    assert build_parser().parse_args(["serve", "--prompt-cache-bytes", "512M"]).prompt_cache_bytes == 512 * 10**6
