@@ -473,7 +473,7 @@ def _try_primary(T, which, P, D, L, k, st_lo, st_hi, ST, int32):
     return -1
 
 
-@njit(inline="always")
+@no_refcount
 def _next_token(P, D, L, k, C, Y, has_dyn, ST, int32):
     """The token drafted after ``S = P[:L] ++ D[:k]`` (context, then dynamic, then static-only), or -1
     (one iteration of ``common_ngram_cache_draft``, ngram-cache.cpp:158-196)."""
@@ -522,31 +522,35 @@ def draft_into(P, L, D, n_draft, C, Y, has_dyn, ST, int32):
     return k
 
 
-@njit(cache=True)
-def draft_length(P, L, D, k, n_draft, C, Y, has_dyn, ST, int32):
+@no_refcount
+def draft_length(P, L, D, k, n_draft, C, Y, has_dyn, ST, int32, W):
     """The final length of a draft after ``P[:L]`` that holds ``D[:k]`` so far (``L + k >= 4``) and has not
     stopped, walked without storing it, at a cost that does not grow with ``n_draft`` once it cycles.
 
     The caches do not change during a draft, and each token depends only on the last 4 tokens of
     ``S`` (the n-grams of sizes 1..4 and the static 2-gram end there): the draft is a walk through
     4-token states. Once a state repeats (Brent's cycle detection: compare with a state saved at
-    power-of-two steps), the draft is periodic and never stops, so its length is ``n_draft``."""
-    W = np.empty(NGRAM_MAX, D.dtype)  # the last 4 tokens of S
+    power-of-two steps), the draft is periodic and never stops, so its length is ``n_draft``.
+    ``W``: room for two states (``2 * NGRAM_MAX`` tokens): the current one, then the saved one."""
     for i in range(NGRAM_MAX):
-        W[i] = _at(P, D, L, L + k - NGRAM_MAX + i)
-    saved = W.copy()
+        W[i] = W[NGRAM_MAX + i] = _at(P, D, L, L + k - NGRAM_MAX + i)
     power = lam = 1
     while k < n_draft:
         y = _next_token(W, W, np.int64(NGRAM_MAX), np.int64(0), C, Y, has_dyn, ST, int32)
         if y < 0:
             return k
-        W[:-1] = W[1:].copy()
-        W[-1] = y
+        for i in range(NGRAM_MAX - 1):
+            W[i] = W[i + 1]
+        W[NGRAM_MAX - 1] = y
         k += 1
-        if np.all(W == saved):
+        same = True
+        for i in range(NGRAM_MAX):
+            same = same and W[i] == W[NGRAM_MAX + i]
+        if same:
             return n_draft
         if lam == power:  # Brent: move the saved state forward, double the window
-            saved[:] = W
+            for i in range(NGRAM_MAX):
+                W[NGRAM_MAX + i] = W[i]
             power *= 2
             lam = 0
         lam += 1
@@ -580,6 +584,7 @@ def replay_chunk(X, n_draft, C, Y, ST, int32, i_start, rec_pos, rec_k, rec_d, n_
     n_ctx = X.size
     keep_all = record_drafts or n_draft <= n_ctx + NGRAM_MAX
     D = np.empty(n_draft if keep_all else n_ctx + NGRAM_MAX, np.int32)
+    W = np.empty(2 * NGRAM_MAX, np.int32)  # draft_length's states
     n_drafted = n_accept = 0
     used = 0  # tokens in rec_d
     L = np.int64(1)
@@ -597,16 +602,18 @@ def replay_chunk(X, n_draft, C, Y, ST, int32, i_start, rec_pos, rec_k, rec_d, n_
                 k += 1
                 if (L + k - 1 >= n_ctx or y != X[L + k - 1]) and L + k >= NGRAM_MAX:
                     if k < n_draft:
-                        k = draft_length(X, L, D, k, n_draft, C, Y, has_dyn, ST, int32)
+                        k = draft_length(X, L, D, k, n_draft, C, Y, has_dyn, ST, int32, W)
                     break
         rec_pos[n_calls] = i_start + L
         rec_k[n_calls] = k
         if record_drafts:
             if used + k > rec_d.size:
                 grown = np.empty(max(2 * rec_d.size, used + k), np.int32)
-                grown[:used] = rec_d[:used]
+                for j in range(used):  # element loops: slice assignments cost seconds of compile time
+                    grown[j] = rec_d[j]
                 rec_d = grown
-            rec_d[used : used + k] = D[:k]
+            for j in range(k):
+                rec_d[used + j] = D[j]
             used += k
         n_calls += 1
         n_drafted += k
