@@ -493,9 +493,13 @@ def save_llama(cache: SortedCache, path: str | os.PathLike) -> None:
 def load_cache(path: str | os.PathLike, *, verify: bool = False, vocab_size: int | None = None,
                fingerprint: bytes | None = None) -> SortedCache:
     """A cache file of either format, detected from its first bytes. ``vocab_size``/``fingerprint``:
-    the tokenizer the caller uses; a file of our format that records a different one is refused."""
+    the tokenizer the caller uses; a file of our format that records a different one is refused.
+    A llama.cpp-format file is read once and then mapped from a copy in our format
+    (:mod:`mlx_backend.converted_copy`; the result's ``converted_copy`` says which)."""
     if str(path).endswith(".xz") or detect_format(path) == "llama":
-        cache = read_llama(path)
+        from mlx_backend.converted_copy import load_via_copy
+
+        cache = load_via_copy(path, verify=verify)
     else:
         cache = open_ours(path, verify=verify)
     check_tokenizer(cache, path, vocab_size, fingerprint)

@@ -154,7 +154,9 @@ def test_bad_input_errors(capsys, tmp_path):
     for argv, message in cases:
         rc, _, err = run(capsys, *argv)
         assert rc == 2, argv
-        assert err.startswith(f"ngram-spec {argv[0]}: error: ") and message in err, (argv, err)
+        *notes, last = err.strip().split("\n")
+        assert last.startswith(f"ngram-spec {argv[0]}: error: ") and message in last, (argv, err)
+        assert all("is in llama.cpp's format" in note for note in notes), notes  # a converted copy's note
 
 
 def test_empty_input_reports_zeros(capsys, tmp_path):

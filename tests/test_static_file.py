@@ -334,3 +334,54 @@ def test_damaged_llama_files_fail_like_the_reference(tmp_path_factory, data):
         assert (mine.value.needed, mine.value.left) == (e.needed, e.left), (mine.value, e)
         return
     assert_same_arrays(api.load_cache(path), api.as_sorted(theirs))
+
+
+# ----------------------------------------------------------------------------- converted copies (issue 15)
+
+
+def _copies(user_cache):
+    return sorted((user_cache / "converted").glob("*.ngc")) if (user_cache / "converted").is_dir() else []
+
+
+def test_converted_copy_follows_the_file(tmp_path, monkeypatch):
+    """The second load of an unchanged llama.cpp-format file maps the copy; a rewritten file is read
+    again and its copy replaced (one copy per path); a damaged copy is deleted and rewritten; the
+    content is always the file's."""
+    user = tmp_path / "user"
+    monkeypatch.setenv("NGRAM_SPEC_CACHE_DIR", str(user))
+    path = tmp_path / "static.bin"
+    a = api.build_static(np.array([1, 2, 3, 1, 2, 4, 1, 2, 3], np.int32))
+    b = api.build_static(np.array([5, 6, 7, 5, 6, 7], np.int32))
+    api.save_cache(a, path)
+    first, second = api.load_cache(path), api.load_cache(path)
+    assert (first.converted_copy[1], second.converted_copy[1]) == ("written", "reused")
+    assert first == second == a and _copies(user) == [first.converted_copy[0]]
+    api.save_cache(b, path)  # same path, new content
+    third = api.load_cache(path)
+    assert third.converted_copy[1] == "written" and third == b and _copies(user) == [third.converted_copy[0]]
+    third.converted_copy[0].write_bytes(third.converted_copy[0].read_bytes()[:100])  # a truncated copy
+    fourth = api.load_cache(path)
+    assert fourth.converted_copy[1] == "written" and fourth == b and api.load_cache(path).converted_copy[1] == "reused"
+
+
+def test_converted_copy_off_unwritable_or_bad_file(tmp_path, monkeypatch):
+    """No copy: when switched off, where the cache directory cannot be written (the load still works),
+    and for a file that fails to load."""
+    path = tmp_path / "static.bin"
+    c = api.build_static(np.array([1, 2, 3, 1, 2, 4], np.int32))
+    api.save_cache(c, path)
+    monkeypatch.setenv("NGRAM_SPEC_CACHE_DIR", str(tmp_path / "user"))
+    monkeypatch.setenv("NGRAM_SPEC_NO_CONVERTED_COPY", "1")
+    assert api.load_cache(path).converted_copy is None and _copies(tmp_path / "user") == []
+    monkeypatch.delenv("NGRAM_SPEC_NO_CONVERTED_COPY")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("NGRAM_SPEC_CACHE_DIR", str(blocker))
+    loaded = api.load_cache(path)
+    assert loaded == c and loaded.converted_copy is None
+    monkeypatch.setenv("NGRAM_SPEC_CACHE_DIR", str(tmp_path / "user"))
+    bad = tmp_path / "bad.bin"
+    bad.write_bytes(path.read_bytes()[:-4])
+    with pytest.raises(CacheFileError):
+        api.load_cache(bad)
+    assert _copies(tmp_path / "user") == []

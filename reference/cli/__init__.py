@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
+import logging
 import os
 import sys
 
@@ -71,9 +72,30 @@ def _describe(exc: Exception) -> str:
     return str(exc)
 
 
+class _StderrNotes(logging.Handler):
+    """Prints each record on the current ``sys.stderr`` (looked up per record, as tests replace it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(self.format(record), file=sys.stderr, flush=True)
+
+
+def show_cache_notes(command: str) -> None:
+    """Print the cache loaders' notes (logger ``ngram_spec.cache``: a llama.cpp-format file read and kept
+    in our format, or its copy mapped) on stderr, one line each, named by ``command``."""
+    log = logging.getLogger("ngram_spec.cache")
+    handler = next((h for h in log.handlers if isinstance(h, _StderrNotes)), None)
+    if handler is None:
+        handler = _StderrNotes()
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+    handler.setFormatter(logging.Formatter(f"ngram-spec {command}: %(message)s"))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    show_cache_notes(args.command)
     try:
         return int(args.func(args) or 0)
     except (UserError, ValueError, OSError) as exc:  # bad input: one clear line, no traceback
