@@ -24,6 +24,7 @@ import os
 import struct
 import sys
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -172,6 +173,8 @@ def verify_cache(cache: SortedCache, path: str | os.PathLike = "<memory>") -> No
 
 
 CHUNK_WORDS = 1 << 20  # the file is read in 4 MiB steps; pages read are released from the process
+THREADS = 4  # at most, for the steps that place followers
+SORT_BATCH = 1 << 20  # entries of long follower lists sorted at once (8 MiB)
 
 
 @njit(cache=True)
@@ -282,9 +285,9 @@ def _layout(order, rec, nt, offsets, dst):
 SMALL = 64  # followers sorted in the compiled loop; longer lists are sorted by NumPy's (SIMD) sort
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _place_followers(words, o, stop, r, R, nt, dst, size, base, tokens, counts, big, n_big):
-    """Copy the followers of records r.. (file order, starting in ``[o, stop)``, at most R) to
+    """Copy the followers of records r..R-1 (file order, record r at word ``o``, none past ``stop``) to
     ``base[n] + dst[r]`` onward; lists of up to ``SMALL`` are sorted by token here (insertion sort),
     longer ones are listed in ``big[n_big..]`` as ``(first entry, length, word)`` for :func:`_sort_big`.
     Returns ``(o, r, n_big, word of the first repeated follower in a short list or -1)``."""
@@ -324,22 +327,60 @@ def _first_repeat(t):
 
 
 def _sort_big(words, big, tokens, counts) -> int:
-    """Sort the long follower lists ``big`` by token (as ``token << 32 | count``); returns the word
-    of the first repeated follower in file order among them, or -1."""
+    """Sort the long follower lists ``big`` by token, many lists per NumPy sort (one sort per list
+    spends more in Python than in sorting): entry ``(y, c)`` of the ``q``-th list of a batch as
+    ``(q * V + y) << 32 | c``, V = 1 + the largest token, ``q * V + y < 2**31``. Returns the word of
+    the first repeated follower in file order among them, or -1."""
     if not len(big):
         return -1
-    scratch = np.empty(int(big[:, 1].max()), np.int64)
-    for d, f, b in big.tolist():
-        x = scratch[:f]
-        x[:] = tokens[d:d + f]
-        x <<= 32
-        x |= counts[d:d + f]
+    V = int(_max_token(big, tokens)) + 1
+    lists = max(1, INT32_MAX // V)
+    ends = np.cumsum(big[:, 1])
+    scratch = np.empty(max(min(SORT_BATCH, int(ends[-1])), int(big[:, 1].max())), np.int64)
+    i = 0
+    while i < len(big):
+        start = int(ends[i] - big[i, 1])
+        j = min(i + lists, max(i + 1, int(np.searchsorted(ends, start + SORT_BATCH, "right"))))
+        x = scratch[:int(ends[j - 1]) - start]
+        _pack_lists(big[i:j], tokens, counts, V, x)
         x.sort()
-        tokens[d:d + f] = x >> 32
-        counts[d:d + f] = x & 0xFFFFFFFF
-        t = tokens[d:d + f]
-        if np.any(t[1:] == t[:-1]):
+        q = _unpack_lists(big[i:j], x, tokens, counts, V)
+        if q >= 0:
+            b, f = int(big[i + q, 2]), int(big[i + q, 1])
             return b + 2 * int(_first_repeat(words[b:b + 2 * f:2]))
+        i = j
+    return -1
+
+
+@njit(cache=True)
+def _max_token(big, tokens):
+    m = 0
+    for i in range(big.shape[0]):
+        for k in range(big[i, 0], big[i, 0] + big[i, 1]):
+            m = max(m, tokens[k])
+    return m
+
+
+@njit(cache=True)
+def _pack_lists(big, tokens, counts, V, x):
+    p = 0
+    for q in range(big.shape[0]):
+        for k in range(big[q, 0], big[q, 0] + big[q, 1]):
+            x[p] = (q * V + np.int64(tokens[k])) << 32 | counts[k]
+            p += 1
+
+
+@njit(cache=True)
+def _unpack_lists(big, x, tokens, counts, V):
+    """Write back the sorted batch ``x``; returns the first list holding a repeated token, or -1."""
+    p = 0
+    for q in range(big.shape[0]):
+        d = big[q, 0]
+        for k in range(d, d + big[q, 1]):
+            tokens[k], counts[k] = (x[p] >> 32) - q * V, x[p] & 0xFFFFFFFF
+            if k > d and tokens[k] == tokens[k - 1]:
+                return q
+            p += 1
     return -1
 
 
@@ -385,8 +426,9 @@ def read_llama(path: str | os.PathLike) -> SortedCache:
     arrays with the checks of :func:`reference.cache_file.load_cache`, reporting the same first
     problem at the same byte offset (the smallest offset among the first problem of each kind).
 
-    Two compiled passes over the mapped file in 4 MiB steps (pages are released behind them) and
-    one sort of the keys per n-gram size; no per-entry Python objects. Besides the result, memory
+    Two compiled passes over the mapped file in 4 MiB steps (pages are released behind them; the
+    second one's steps run on up to ``THREADS`` threads), one sort of the keys per n-gram size and
+    batched sorts of the long follower lists; no per-entry Python objects. Besides the result, memory
     holds per record the key word, follower count, size and first entry (arrays sized by the
     ``len // 28`` bound on the records are touched only as far as records exist)."""
     path = Path(path)
@@ -396,10 +438,12 @@ def read_llama(path: str | os.PathLike) -> SortedCache:
     w0, w1, nt = np.empty(bound, np.int64), np.empty(bound, np.int64), np.empty(bound, np.int32)
     size = np.empty(bound, np.uint8)
     o = R = err = 0
+    steps = []  # (first word, first record) of each step
     while o < W and not err:
-        start = o
+        steps.append((o, R))
         o, R, err, at, value = _scan_llama(words, o, min(W, o + CHUNK_WORDS), R, w0, w1, size, nt)
-        _release(mapping, start, o)
+        _release(mapping, steps[-1][0], o)
+    steps.append((o, R))
     problems = {1: lambda: ("truncated record header", dict(needed=20, left=4 * (W - at))),
                 2: lambda: (f"invalid n-gram {words[at:at + 4].tolist()} (expected 1..4 token ids >= 0 then -1)", {}),
                 3: lambda: (f"non-positive follower count ntokens={value}", {}),
@@ -437,15 +481,20 @@ def read_llama(path: str | os.PathLike) -> SortedCache:
         base[n + 1:] += E
     del w0, w1
     tokens, counts = np.empty(base[-1], np.int32), np.empty(base[-1], np.int32)
-    big = np.empty((int(np.count_nonzero(nt > SMALL)), 3), np.int64)
-    o = r = n_big = 0
-    dup_at = -1
-    while r < R and dup_at < 0:
-        start = o
-        o, r, n_big, dup_at = _place_followers(words, o, min(W, o + CHUNK_WORDS), r, R, nt, dst, size, base,
-                                               tokens, counts, big, n_big)
-        _release(mapping, start, o)
-    big_dup = _sort_big(words, big[:n_big], tokens, counts)
+    n_big = np.cumsum([0] + [np.count_nonzero(nt[r0:r1] > SMALL) for (_, r0), (_, r1) in zip(steps, steps[1:])])
+    big = np.empty((int(n_big[-1]), 3), np.int64)
+
+    def place(i):  # the steps run in parallel, each writing its own records' entries and rows of big
+        (o0, r0), (o1, r1) = steps[i], steps[i + 1]
+        _, _, end, dup_at = _place_followers(words, o0, W, r0, r1, nt, dst, size, base, tokens, counts, big,
+                                             n_big[i])
+        _release(mapping, o0, o1)
+        return end, dup_at
+
+    with ThreadPoolExecutor(min(THREADS, os.cpu_count() or 1)) as pool:  # numba releases the GIL
+        placed = list(pool.map(place, range(len(steps) - 1)))
+    end, dup_at = next(((e, d) for e, d in placed if d >= 0), (len(big), -1))  # the first repeat in file order
+    big_dup = _sort_big(words, big[:end], tokens, counts)
     dup_at = big_dup if dup_at < 0 or 0 <= big_dup < dup_at else dup_at
     if dup_at >= 0:
         first.append((4 * dup_at, f"duplicate follower {int(words[dup_at])}", {}))

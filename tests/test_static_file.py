@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -279,9 +280,15 @@ def assert_same_arrays(mine, expected):
             assert a.dtype == b.dtype and np.array_equal(a, b), (n, name)
 
 
+# the reader's step (words) and sort batch (entries): as shipped, or small enough that the steps run
+# in parallel and the long follower lists span several batches
+READER_SIZES = st.sampled_from([dict(CHUNK_WORDS=sf.CHUNK_WORDS, SORT_BATCH=sf.SORT_BATCH),
+                                dict(CHUNK_WORDS=7, SORT_BATCH=5), dict(CHUNK_WORDS=100, SORT_BATCH=400)])
+
+
 @settings(max_examples=40, deadline=None)
-@given(st.one_of(caches(), wide_caches()), st.randoms(use_true_random=False))
-def test_llama_file_in_any_order_loads_to_the_same_arrays(tmp_path_factory, c, rnd):
+@given(st.one_of(caches(), wide_caches()), st.randoms(use_true_random=False), READER_SIZES)
+def test_llama_file_in_any_order_loads_to_the_same_arrays(tmp_path_factory, c, rnd, sizes):
     """A file in llama.cpp's record order loads to exactly the arrays of the same counts built from
     rows (``as_sorted`` of the reference's parse: the multiset sorted and summed by NumPy)."""
     if not c.counts:
@@ -289,7 +296,8 @@ def test_llama_file_in_any_order_loads_to_the_same_arrays(tmp_path_factory, c, r
     path = tmp_path_factory.mktemp("any") / "c.bin"
     path.write_bytes(llama_bytes(c, rnd))
     assert ref.load_cache(path) == c
-    assert_same_arrays(api.load_cache(path), api.as_sorted(c))
+    with mock.patch.multiple(sf, **sizes):
+        assert_same_arrays(api.load_cache(path), api.as_sorted(c))
 
 
 KINDS = ("file size", "empty file", "truncated record", "invalid n-gram", "non-positive follower count",
@@ -318,8 +326,8 @@ def damaged(draw):
 
 
 @settings(max_examples=80, deadline=None)
-@given(damaged())
-def test_damaged_llama_files_fail_like_the_reference(tmp_path_factory, data):
+@given(damaged(), READER_SIZES)
+def test_damaged_llama_files_fail_like_the_reference(tmp_path_factory, data, sizes):
     """Any damage: the same first problem at the same byte offset as the reference reader, or both
     load the same counts (the damage made another valid file)."""
     path = tmp_path_factory.mktemp("bad") / "c.bin"
@@ -327,7 +335,7 @@ def test_damaged_llama_files_fail_like_the_reference(tmp_path_factory, data):
     try:
         theirs = ref.load_cache(path)
     except CacheFileError as e:
-        with pytest.raises(CacheFileError) as mine:
+        with pytest.raises(CacheFileError) as mine, mock.patch.multiple(sf, **sizes):
             api.load_cache(path)
         kind = [k for k in KINDS if e.problem.startswith(k)]
         assert (mine.value.offset, mine.value.problem.startswith(kind[0])) == (e.offset, True), (mine.value, e)
