@@ -31,6 +31,7 @@ import numpy as np
 from numba import njit
 
 from mlx_backend.ngram_tables import NGRAM_MAX, words_to_slots
+from mlx_backend.radix_sort import radix_sort
 from mlx_backend.tables_sorted import INT32_MAX, Section, SortedCache, static_top
 from reference.atomic import atomic_write
 from reference.cache_file import EMPTY_CACHE, EMPTY_FILE, CacheFileError
@@ -227,8 +228,8 @@ def _scan_llama(words, o, stop, r, w0, w1, size, nt):
 
 def _sort_keys(a0: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(keys, order)``: the key words ``a0`` (n <= 2) sorted, and the index of each; equal keys keep
-    their order when there is room to pack ``(t0, t1, index)`` into one int64 (token ids below
-    ``2**21`` for 4 M records), whose plain sort is several times faster than an argsort."""
+    their order. Where ``(t0, t1, index)`` fits in one int64 (token ids below ``2**21`` for 4 M
+    records) that packing is radix-sorted by its ``(t0, t1)`` bits, else argsorted."""
     R = len(a0)
     hi, lo = _max_halves(a0)
     rb, hb, lb = max(1, (R - 1).bit_length()), hi.bit_length(), lo.bit_length()
@@ -236,7 +237,7 @@ def _sort_keys(a0: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         order = np.argsort(a0, kind="stable")
         return a0[order], order
     packed = _pack_keys(a0, lb, rb)
-    packed.sort()
+    radix_sort(packed, rb, np.empty_like(packed))
     keys = _unpack_keys(packed, lb, rb)
     return keys, packed
 
@@ -286,13 +287,13 @@ SMALL = 64  # followers sorted in the compiled loop; longer lists are sorted by 
 
 
 @njit(cache=True, nogil=True)
-def _place_followers(words, o, stop, r, R, nt, dst, size, base, tokens, counts, big, n_big):
-    """Copy the followers of records r..R-1 (file order, record r at word ``o``, none past ``stop``) to
-    ``base[n] + dst[r]`` onward; lists of up to ``SMALL`` are sorted by token here (insertion sort),
+def _place_followers(words, o, stop, r, R, cut, cut_f, dst, size, base, tokens, counts, big, n_big):
+    """Copy the followers of records r..R-1 (file order, record r at word ``o``, none past ``stop``;
+    record ``cut``, if any, is damaged: only its first ``cut_f`` followers) to ``base[n] + dst[r]`` onward; lists of up to ``SMALL`` are sorted by token here (insertion sort),
     longer ones are listed in ``big[n_big..]`` as ``(first entry, length, word)`` for :func:`_sort_big`.
     Returns ``(o, r, n_big, word of the first repeated follower in a short list or -1)``."""
     while o < stop and r < R:
-        f = nt[r]
+        f = cut_f if r == cut else np.int64(words[o + 4])
         b = o + 5
         d = base[size[r]] + dst[r]
         for k in range(f):
@@ -327,7 +328,7 @@ def _first_repeat(t):
 
 
 def _sort_big(words, big, tokens, counts) -> int:
-    """Sort the long follower lists ``big`` by token, many lists per NumPy sort (one sort per list
+    """Sort the long follower lists ``big`` by token, many lists per radix sort (one sort per list
     spends more in Python than in sorting): entry ``(y, c)`` of the ``q``-th list of a batch as
     ``(q * V + y) << 32 | c``, V = 1 + the largest token, ``q * V + y < 2**31``. Returns the word of
     the first repeated follower in file order among them, or -1."""
@@ -336,14 +337,14 @@ def _sort_big(words, big, tokens, counts) -> int:
     V = int(_max_token(big, tokens)) + 1
     lists = max(1, INT32_MAX // V)
     ends = np.cumsum(big[:, 1])
-    scratch = np.empty(max(min(SORT_BATCH, int(ends[-1])), int(big[:, 1].max())), np.int64)
+    scratch = np.empty((2, max(min(SORT_BATCH, int(ends[-1])), int(big[:, 1].max()))), np.int64)
     i = 0
     while i < len(big):
         start = int(ends[i] - big[i, 1])
         j = min(i + lists, max(i + 1, int(np.searchsorted(ends, start + SORT_BATCH, "right"))))
-        x = scratch[:int(ends[j - 1]) - start]
+        x = scratch[0, :int(ends[j - 1]) - start]
         _pack_lists(big[i:j], tokens, counts, V, x)
-        x.sort()
+        radix_sort(x, 32, scratch[1])
         q = _unpack_lists(big[i:j], x, tokens, counts, V)
         if q >= 0:
             b, f = int(big[i + q, 2]), int(big[i + q, 1])
@@ -428,7 +429,7 @@ def read_llama(path: str | os.PathLike) -> SortedCache:
 
     Two compiled passes over the mapped file in 4 MiB steps (pages are released behind them; the
     second one's steps run on up to ``THREADS`` threads), one sort of the keys per n-gram size and
-    batched sorts of the long follower lists; no per-entry Python objects. Besides the result, memory
+    batched radix sorts of the long follower lists; no per-entry Python objects. Besides the result, memory
     holds per record the key word, follower count, size and first entry (arrays sized by the
     ``len // 28`` bound on the records are touched only as far as records exist)."""
     path = Path(path)
@@ -483,11 +484,13 @@ def read_llama(path: str | os.PathLike) -> SortedCache:
     tokens, counts = np.empty(base[-1], np.int32), np.empty(base[-1], np.int32)
     n_big = np.cumsum([0] + [np.count_nonzero(nt[r0:r1] > SMALL) for (_, r0), (_, r1) in zip(steps, steps[1:])])
     big = np.empty((int(n_big[-1]), 3), np.int64)
+    cut, cut_f = (R - 1, int(nt[R - 1])) if err >= 4 else (-1, 0)  # a damaged last record: its followers read
+    del nt  # the placing reads each record's follower count from the file
 
     def place(i):  # the steps run in parallel, each writing its own records' entries and rows of big
         (o0, r0), (o1, r1) = steps[i], steps[i + 1]
-        _, _, end, dup_at = _place_followers(words, o0, W, r0, r1, nt, dst, size, base, tokens, counts, big,
-                                             n_big[i])
+        _, _, end, dup_at = _place_followers(words, o0, W, r0, r1, cut, cut_f, dst, size, base, tokens, counts,
+                                             big, n_big[i])
         _release(mapping, o0, o1)
         return end, dup_at
 
@@ -501,7 +504,7 @@ def read_llama(path: str | os.PathLike) -> SortedCache:
     if first:
         offset, problem, sizes = min(first, key=lambda e: e[:2])
         raise CacheFileError(path, offset, problem, **sizes)
-    del dst, nt, size
+    del dst, size
     out = {}
     for n, (keys, offsets, E) in sections.items():
         t, c = tokens[base[n]:base[n] + E], counts[base[n]:base[n] + E]

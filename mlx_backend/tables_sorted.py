@@ -29,6 +29,7 @@ from numba import njit
 from tqdm import tqdm
 
 from mlx_backend.ngram_tables import NGRAM_MAX, HashTable, empty_static, words_to_slots
+from mlx_backend.radix_sort import radix_sort
 
 INT32_MAX = 2**31 - 1
 PACK_BITS = 21  # 2-gram + follower packed into one int64 when every token id < 2**21
@@ -259,7 +260,7 @@ def build_static(tokens, *, chunk: int = BUILD_CHUNK, progress: bool | None = Fa
     """The static cache of a token stream, as ``llama-lookup-create`` builds it (lookup-create.cpp:30-37):
     ``c_st((t[i-2], t[i-1]), t[i]) += 1`` for ``i = 2..N-1``, 2-grams only.
 
-    Each chunk's (2-gram, follower) triples are packed into one int64 (21 bits per token), sorted and
+    Each chunk's (2-gram, follower) triples are packed into one int64 (21 bits per token), radix-sorted and
     counted; the sorted chunk counts are merged pairwise (like a merge sort), so memory stays
     proportional to the distinct triples plus one chunk.
     """
@@ -276,11 +277,12 @@ def build_static(tokens, *, chunk: int = BUILD_CHUNK, progress: bool | None = Fa
         w0 = (t[:-2].astype(np.int64) << 32) | t[1:-1].astype(np.int64)
         return cache_from_rows(w0, np.full(N - 2, -1, np.int64), t[2:], np.ones(N - 2, np.int64), **meta)
     stack: list[tuple[np.ndarray, np.ndarray]] = []
+    scratch = np.empty(min(chunk, N - 2), np.int64)
     for lo in tqdm(range(2, N, chunk), desc="count 2-grams", unit="chunk", disable=None if progress is None else not progress):
         hi = min(N, lo + chunk)
         packed = (t[lo - 2:hi - 2].astype(np.int64) << 2 * PACK_BITS) | (t[lo - 1:hi - 1].astype(np.int64) << PACK_BITS)
         packed |= t[lo:hi]
-        packed.sort()
+        radix_sort(packed, 0, scratch)
         run = _count_sorted(packed, np.int32 if N < 2**31 else np.int64)  # counts <= N
         del packed
         while stack and len(stack[-1][0]) <= 2 * len(run[0]):
