@@ -23,11 +23,14 @@ DIGIT_BITS = 11  # 2,048 counters per pass: they and the pass's write positions 
 @njit(cache=True, nogil=True)
 def radix_sort(x, lo, tmp, digit_bits=DIGIT_BITS):
     """Sort the non-negative int64 array ``x`` in place, stably, by ``x >> lo`` (``tmp``: scratch of
-    at least ``x.size`` int64; passes of at most ``digit_bits`` bits)."""
+    at least ``x.size`` int64; passes of at most ``digit_bits`` bits). Plain loops, no array
+    expressions: they cost seconds of compilation on a cold start."""
     n = x.size
     top = 0
     for i in range(n):
-        top = max(top, x[i] >> lo)
+        v = x[i] >> lo
+        if v > top:
+            top = v
     bits = 0
     while top >> bits:
         bits += 1
@@ -35,26 +38,29 @@ def radix_sort(x, lo, tmp, digit_bits=DIGIT_BITS):
     if n < 2 or passes == 0:
         return
     width = -(-bits // passes)
-    mask = (np.int64(1) << width) - 1
-    count = np.zeros((passes, np.int64(1) << width), np.int64)
+    B = np.int64(1) << width
+    mask = B - 1
+    count = np.zeros(passes * B, np.int64)  # pass p's counter of digit d at p * B + d
     for i in range(n):
         v = x[i] >> lo
         for p in range(passes):
-            count[p, (v >> (p * width)) & mask] += 1
-    src, dst = x, tmp[:n]
+            count[p * B + ((v >> (p * width)) & mask)] += 1
+    src, dst = x, tmp
     for p in range(passes):
-        if count[p].max() == n:  # one digit value for all: the order is unchanged
-            continue
-        total = 0
-        for d in range(mask + 1):
-            c = count[p, d]
-            count[p, d] = total
+        total, same = 0, False
+        for d in range(p * B, p * B + B):
+            c = count[d]
+            same = same or c == n  # one digit value for all: the order is unchanged
+            count[d] = total
             total += c
+        if same:
+            continue
         shift = lo + p * width
         for i in range(n):
-            d = (src[i] >> shift) & mask
-            dst[count[p, d]] = src[i]
-            count[p, d] += 1
+            d = p * B + ((src[i] >> shift) & mask)
+            dst[count[d]] = src[i]
+            count[d] += 1
         src, dst = dst, src
     if src is not x:
-        x[:] = src
+        for i in range(n):
+            x[i] = src[i]
