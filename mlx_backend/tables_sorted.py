@@ -82,7 +82,7 @@ class SortedCache:
     def static_arrays(self) -> tuple[np.ndarray, ...]:
         """The 2-gram section as the drafting kernel's static table ``(keys, offsets, tokens, counts, top)``."""
         s = self.sections.get(2)
-        return empty_static() if s is None else (s.keys, s.offsets, s.tokens, s.counts, s.top)
+        return readonly(*(empty_static() if s is None else (s.keys, s.offsets, s.tokens, s.counts, s.top)))
 
     def rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``(w0, w1, token, count)`` of every entry, sorted by size then key then token."""
@@ -180,11 +180,22 @@ def section_from_sorted(n: int, w0, w1, tokens, counts) -> Section:
                    counts32, static_top(offsets, tokens, counts32))
 
 
+def readonly(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Read-only views of ``arrays``. numba compiles a kernel once per argument types, and an array
+    that is read-only (a memory-mapped cache file) is another type than a writable one (a cache just
+    read or built): the kernels that only read a cache get read-only views, so one compilation,
+    cached by ``ngram-spec precompile``, serves both."""
+    views = tuple(a.view() for a in arrays)
+    for v in views:
+        v.flags.writeable = False
+    return views
+
+
 def static_top(offsets: np.ndarray, tokens: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """Per key: the most frequent follower (smallest id among ties) if ``F >= 2`` and
     ``100 * c >= 50 * F``, else -1 -- the static-only draft rule (ngram-cache.cpp:65-94)."""
     top = np.empty(len(offsets) - 1, np.int32)
-    _static_top(offsets, tokens, counts, top)
+    _static_top(*readonly(offsets, tokens, counts), top)
     return top
 
 
@@ -371,7 +382,7 @@ def merge_caches(caches, **meta) -> SortedCache:
                 continue
             w0, w1, t, cnt = s.rows()
             rows = (w0, w1, t, cnt.astype(np.int64))
-            acc = rows if acc is None else _merge_rows(*acc, *rows)
+            acc = rows if acc is None else _merge_rows(*readonly(*acc, *rows))
         if acc is not None:
             sections[n] = section_from_sorted(n, *acc)
     if not meta:

@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "mlx_backend.cli",  # demo
     "mlx_backend.cli_tables",  # convert
     "mlx_backend.serve_command",  # serve
+    "mlx_backend.precompile",  # precompile
     "conformance.cli",  # conformance
 )
 

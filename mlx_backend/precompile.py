@@ -1,0 +1,134 @@
+"""``ngram-spec precompile``: compile every numba kernel the commands use, once, after installing.
+
+numba compiles a kernel the first time a process calls it with a new combination of argument types
+and keeps the machine code in its cache (``__pycache__`` beside the module, or ``$NUMBA_CACHE_DIR``);
+later processes load it in milliseconds. Without this command the first ``stats``, ``create`` or
+drafting ``generate`` after an install pays that compilation (about 10 s for ``stats`` on a 2-core
+x86-64 VM). Here every such command runs once on tiny inputs in a temporary directory -- the very
+code paths, argument types and file formats of real runs (a static cache in both formats, with a
+follower list long enough for the reader's batched sort; a dynamic cache; a tiny random model for
+``generate``) -- so each kernel lands in the cache. ``tests/test_precompile.py`` checks that after it
+the commands compile nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+# what each command imports (numba, mlx) is imported when the command runs, not when the parser is built
+
+
+def _inputs(d: Path) -> dict[str, Path]:
+    """A token file longer than stats' n_ctx (its tables grow) in which 2-gram (1, 2) has more than
+    ``SMALL`` distinct followers (the reader's batched sort), a dynamic cache and a prompt."""
+    from mlx_backend.static_file import SMALL
+    from reference.cache_file import save_cache
+    from reference.ngram_cache import NgramCache
+
+    rng = np.random.default_rng(0)
+    text = np.concatenate([np.array([1, 2, 3 + k], np.int32) for k in range(SMALL + 8)]
+                          + [rng.integers(0, 2000, 10_000).astype(np.int32)])
+    paths = {"tokens": d / "tokens.i32", "prompt": d / "prompt.i32", "dynamic": d / "dyn.bin"}
+    text.astype("<i4").tofile(paths["tokens"])
+    np.tile(np.arange(5, 25, dtype=np.int32), 6).astype("<i4").tofile(paths["prompt"])
+    c_dy = NgramCache()  # a dynamic cache as generate --dynamic leaves it: n-grams of sizes 1..4
+    c_dy.update(text[:500].tolist(), 500, 1, 4)
+    save_cache(c_dy, paths["dynamic"])
+    return paths
+
+
+def commands(d: Path, with_model: bool = True) -> list[list[str]]:
+    """The command lines run, in order, on the tiny inputs written to ``d``."""
+    f = {k: str(v) for k, v in _inputs(d).items()}
+    out = {name: str(d / name) for name in ("st.bin", "st.ngc", "merged.bin", "conv.ngc", "model", "drafts.i32",
+                                           "new-dyn.bin")}
+    runs = [
+        ["create", f["tokens"], "-o", out["st.bin"]],
+        ["create", f["tokens"], "-o", out["st.ngc"], "--format", "ours"],
+        ["stats", f["tokens"], "--json"],
+        ["stats", f["tokens"], "--static", out["st.bin"], "--json", "--drafts-out", out["drafts.i32"]],
+        ["stats", f["tokens"], "--static", out["st.ngc"], "--dynamic", f["dynamic"], "--json"],
+        ["merge", out["st.bin"], out["st.ngc"], "-o", out["merged.bin"]],
+        ["inspect", out["merged.bin"]],
+        ["convert", out["st.bin"], "-o", out["conv.ngc"], "--to", "ours"],
+    ]
+    if with_model:
+        runs += [["tiny-model", "--arch", "llama", "--out", out["model"]]]
+        runs += [["generate", "--model", out["model"], "--prompt-tokens", f["prompt"], "--max-tokens", "80",
+                  "--json"] + extra for extra in ([], ["--static", out["st.ngc"]], ["--dynamic", f["dynamic"]],
+                                                  ["--static", out["st.bin"], "--dynamic", out["new-dyn.bin"]])]
+    return runs
+
+
+def precompile(progress: bool | None = None, with_model: bool = True) -> int:
+    """Run :func:`commands` in a temporary directory (user cache directory there too, so nothing of the
+    user's is read or written); output is discarded. Returns the number of commands run."""
+    from tqdm import tqdm
+
+    from mlx_backend.converted_copy import ENV_OFF
+    from reference.cli import main
+
+    with tempfile.TemporaryDirectory(prefix="ngram-spec-precompile-") as tmp:
+        d = Path(tmp)
+        saved = {k: os.environ.get(k) for k in ("NGRAM_SPEC_CACHE_DIR", ENV_OFF)}
+        os.environ["NGRAM_SPEC_CACHE_DIR"], os.environ[ENV_OFF] = str(d / "user-cache"), "1"
+        try:
+            runs = commands(d, with_model)
+            for argv in tqdm(runs, desc="compile kernels", unit="command", disable=None if progress is None
+                             else not progress):
+                sink = io.StringIO()
+                with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+                    code = main(argv)
+                if code:
+                    raise RuntimeError(f"ngram-spec {' '.join(argv)} failed ({code}): {sink.getvalue()[-2000:]}")
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+    return len(runs)
+
+
+def run_precompile(args: argparse.Namespace) -> int:
+    import importlib.util
+    import time
+
+    from reference.cli import UserError
+
+    missing = [m for m in ("numba",) + (() if args.no_model else ("mlx_lm",)) if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UserError(f"precompile compiles the mlx backend's kernels, which need {', '.join(missing)}: "
+                        "pip install 'ngram-spec[mlx]'")
+    t = time.perf_counter()
+    n = precompile(progress=None if not args.quiet else False, with_model=not args.no_model)
+    if not args.quiet:
+        print(f"ngram-spec precompile: {n} commands run, kernels cached in {time.perf_counter() - t:.1f} s")
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "precompile", formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="compile and cache every numba kernel once (run after installing: later first runs start fast)",
+        description=(
+            "Compile the numba kernels of create, stats, merge, inspect, convert and generate (with --static\n"
+            "and --dynamic) by running each once on tiny inputs in a temporary directory, so that numba's\n"
+            "cache holds them. Without it, the first run of each command after installing compiles what it\n"
+            "needs (about 10 s for stats on a 2-core machine); after it, about 1 s. The cache is numba's:\n"
+            "__pycache__ beside the installed modules, or $NUMBA_CACHE_DIR; run this again after upgrading\n"
+            "ngram-spec or numba, or with another NUMBA_CACHE_DIR.\n\n"
+            "example: ngram-spec precompile"),
+    )
+    p.add_argument("--no-model", action="store_true",
+                   help="skip generate's kernels (and the import of mlx-lm they need)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary line")
+    p.add_argument("--backend", choices=("mlx",), default="mlx",
+                   help="mlx only: the reference has no compiled kernels (accepted, like every command's --backend)")
+    p.set_defaults(func=run_precompile)

@@ -1,0 +1,67 @@
+"""``ngram-spec precompile`` caches every kernel the commands use: after it, commands on other inputs,
+formats and flag combinations (another model architecture, both static-cache formats, with and without
+a dynamic cache) compile nothing, i.e. write nothing new to numba's cache."""
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+COMMANDS = textwrap.dedent("""
+    import io, contextlib, sys
+    from reference.cli import main
+    d = sys.argv[1]
+    runs = [
+        f"create {d}/t.npy -o {d}/a.bin", f"create {d}/t.i32 -o {d}/a.ngc --format ours",
+        f"stats {d}/t.i32 --json", f"stats {d}/t.npy --static {d}/a.bin --json --n-draft 8",
+        f"stats {d}/t.i32 --static {d}/a.ngc --json --n-ctx 1024",
+        f"tiny-model --arch qwen3_5 --out {d}/m",
+        f"generate --model {d}/m --prompt-tokens {d}/p.i32 --max-tokens 40 --static {d}/a.ngc --json",
+        f"generate --model {d}/m --prompt-tokens {d}/p.i32 --max-tokens 40 --dynamic {d}/dyn.bin --json",
+        f"generate --model {d}/m --prompt-tokens {d}/p.i32 --max-tokens 40 --dynamic {d}/dyn.bin --static {d}/a.bin --json",
+        f"stats {d}/t.i32 --dynamic {d}/dyn.bin --static {d}/a.bin --json",
+        f"merge {d}/a.bin {d}/dyn.bin -o {d}/m.bin", f"convert {d}/m.bin -o {d}/m.ngc --to ours",
+        f"inspect {d}/m.ngc", f"merge {d}/m.ngc {d}/a.ngc -o {d}/m2.ngc --format ours",
+    ]
+    for argv in runs:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            code = main(argv.split())
+        assert code == 0, (argv, out.getvalue()[-3000:])
+""")
+
+
+def _cache_files(folder: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")
+            if p.is_file()}
+
+
+@pytest.mark.slow
+def test_after_precompile_commands_compile_nothing(tmp_path):
+    pytest.importorskip("numba")
+    pytest.importorskip("mlx_lm")
+    numba_cache, work = tmp_path / "numba", tmp_path / "work"
+    work.mkdir()
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(numba_cache), "NGRAM_SPEC_CACHE_DIR": str(tmp_path / "user")}
+    done = subprocess.run([sys.executable, "-m", "reference", "precompile"], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "kernels cached" in done.stdout
+    assert not list((tmp_path / "user").rglob("*"))  # nothing of the user's cache directory read or written
+    before = _cache_files(numba_cache)
+    assert len([f for f in before if f.endswith(".nbc")]) >= 20  # the kernels went to this cache
+    rng = np.random.default_rng(1)
+    text = rng.integers(0, 3000, 30_000).astype(np.int32)
+    text.tofile(work / "t.i32")
+    np.save(work / "t.npy", text)
+    np.tile(np.arange(40, 70, dtype=np.int32), 4).tofile(work / "p.i32")
+    ran = subprocess.run([sys.executable, "-c", COMMANDS, str(work)], env=env, cwd=ROOT, capture_output=True,
+                         text=True, timeout=900)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    after = _cache_files(numba_cache)
+    assert {f: after[f] for f in after if before.get(f) != after[f]} == {}, "kernels compiled after precompile"
