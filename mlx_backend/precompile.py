@@ -68,31 +68,30 @@ def commands(d: Path, with_model: bool = True) -> list[list[str]]:
 
 def precompile(progress: bool | None = None, with_model: bool = True) -> int:
     """Run :func:`commands` in a temporary directory (user cache directory there too, so nothing of the
-    user's is read or written); output is discarded. Returns the number of commands run."""
+    user's is read or written); output is discarded. Returns the number of commands run. Ctrl-C and
+    SIGTERM stop it with the temporary directory removed."""
+    from unittest import mock
+
     from tqdm import tqdm
 
     from mlx_backend.converted_copy import ENV_OFF
-    from reference.cli import main
+    from reference.atomic import sigterm_unwinds
+    from reference.cli import UserError, build_parser
 
-    with tempfile.TemporaryDirectory(prefix="ngram-spec-precompile-") as tmp:
-        d = Path(tmp)
-        saved = {k: os.environ.get(k) for k in ("NGRAM_SPEC_CACHE_DIR", ENV_OFF)}
-        os.environ["NGRAM_SPEC_CACHE_DIR"], os.environ[ENV_OFF] = str(d / "user-cache"), "1"
-        try:
-            runs = commands(d, with_model)
-            for argv in tqdm(runs, desc="compile kernels", unit="command", disable=None if progress is None
-                             else not progress):
-                sink = io.StringIO()
+    parser = build_parser()
+    with sigterm_unwinds(), tempfile.TemporaryDirectory(prefix="ngram-spec-precompile-") as tmp, \
+            mock.patch.dict(os.environ, {"NGRAM_SPEC_CACHE_DIR": str(Path(tmp) / "user-cache"), ENV_OFF: "1"}):
+        runs = commands(Path(tmp), with_model)
+        for argv in tqdm(runs, desc="compile kernels", unit="command",
+                         disable=None if progress is None else not progress):
+            sink, args = io.StringIO(), parser.parse_args(argv)
+            try:  # the command itself, not main(): Ctrl-C and SIGTERM reach the caller as they are
                 with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-                    code = main(argv)
-                if code:
-                    raise RuntimeError(f"ngram-spec {' '.join(argv)} failed ({code}): {sink.getvalue()[-2000:]}")
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+                    code = args.func(args)
+            except (UserError, ValueError, OSError) as exc:
+                raise UserError(f"`ngram-spec {' '.join(argv)}` failed: {exc} {sink.getvalue()[-2000:]}") from exc
+            if code:
+                raise UserError(f"`ngram-spec {' '.join(argv)}` exited with {code}: {sink.getvalue()[-2000:]}")
     return len(runs)
 
 

@@ -3,7 +3,8 @@
 ``radix_sort(x, lo, tmp)`` orders ``x`` by ``x >> lo``, keeping the order of values whose high bits
 are equal (so packing an index or payload into the low ``lo`` bits carries it along). One read of
 ``x`` counts the digits of every pass; each pass then moves every value once (a counting sort by
-one digit of at most ``DIGIT_BITS`` bits by default); a pass whose digit is the same for all values is skipped.
+one digit of at most ``DIGIT_BITS`` bits by default); a pass whose digit is the same for all values
+is skipped.
 NumPy's comparison sort of int64 costs about 60 ns per value on the 2-core VMs this project is
 measured on; these passes cost a few ns per value each (docs/benchmarks-ngram.md).
 

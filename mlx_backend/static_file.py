@@ -289,8 +289,9 @@ SMALL = 64  # followers sorted in the compiled loop; longer lists are sorted by 
 @njit(cache=True, nogil=True)
 def _place_followers(words, o, stop, r, R, cut, cut_f, dst, size, base, tokens, counts, big, n_big):
     """Copy the followers of records r..R-1 (file order, record r at word ``o``, none past ``stop``;
-    record ``cut``, if any, is damaged: only its first ``cut_f`` followers) to ``base[n] + dst[r]`` onward; lists of up to ``SMALL`` are sorted by token here (insertion sort),
-    longer ones are listed in ``big[n_big..]`` as ``(first entry, length, word)`` for :func:`_sort_big`.
+    record ``cut``, if any, is damaged: only its first ``cut_f`` followers) to ``base[n] + dst[r]``
+    onward; lists of up to ``SMALL`` are sorted by token here (insertion sort), longer ones are listed
+    in ``big[n_big..]`` as ``(first entry, length, word)`` for :func:`_sort_big`.
     Returns ``(o, r, n_big, word of the first repeated follower in a short list or -1)``."""
     while o < stop and r < R:
         f = cut_f if r == cut else np.int64(words[o + 4])
@@ -429,8 +430,8 @@ def read_llama(path: str | os.PathLike) -> SortedCache:
 
     Two compiled passes over the mapped file in 4 MiB steps (pages are released behind them; the
     second one's steps run on up to ``THREADS`` threads), one sort of the keys per n-gram size and
-    batched radix sorts of the long follower lists; no per-entry Python objects. Besides the result, memory
-    holds per record the key word, follower count, size and first entry (arrays sized by the
+    batched radix sorts of the long follower lists; no per-entry Python objects. Besides the result,
+    memory holds per record the key word, follower count, size and first entry (arrays sized by the
     ``len // 28`` bound on the records are touched only as far as records exist)."""
     path = Path(path)
     words, mapping = _open_words(path)

@@ -2,9 +2,11 @@
 formats and flag combinations (another model architecture, both static-cache formats, with and without
 a dynamic cache) compile nothing, i.e. write nothing new to numba's cache."""
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -65,3 +67,23 @@ def test_after_precompile_commands_compile_nothing(tmp_path):
     assert ran.returncode == 0, ran.stderr[-3000:]
     after = _cache_files(numba_cache)
     assert {f: after[f] for f in after if before.get(f) != after[f]} == {}, "kernels compiled after precompile"
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_stopped_precompile_leaves_no_temporary_directory(tmp_path, sig, code):
+    pytest.importorskip("numba")
+    pytest.importorskip("mlx_lm")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp), "NGRAM_SPEC_CACHE_DIR": str(tmp_path / "user")}
+    proc = subprocess.Popen([sys.executable, "-m", "reference", "precompile"], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list(tmp.glob("ngram-spec-precompile-*/tokens.i32")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert list(tmp.glob("ngram-spec-precompile-*")), "precompile never made its temporary directory"
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == code, err[-2000:]
+    assert "Traceback" not in err
+    assert list(tmp.iterdir()) == []
