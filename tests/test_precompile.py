@@ -76,8 +76,11 @@ def test_a_stopped_precompile_leaves_no_temporary_directory(tmp_path, sig, code)
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     env = {**os.environ, "TMPDIR": str(tmp), "NGRAM_SPEC_CACHE_DIR": str(tmp_path / "user")}
+    # a shell without job control starts background commands with SIGINT ignored, and a Python started so
+    # keeps ignoring it: give the child the default disposition, as a terminal would
     proc = subprocess.Popen([sys.executable, "-m", "reference", "precompile"], env=env, cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while not list(tmp.glob("ngram-spec-precompile-*/tokens.i32")) and time.monotonic() < deadline:
         time.sleep(0.05)
