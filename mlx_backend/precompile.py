@@ -16,7 +16,10 @@ import argparse
 import contextlib
 import io
 import os
+import signal
 import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -66,6 +69,35 @@ def commands(d: Path, with_model: bool = True) -> list[list[str]]:
     return runs
 
 
+def _stop(signum: int) -> BaseException:
+    return KeyboardInterrupt() if signum == signal.SIGINT else SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def _stops_remembered() -> Iterator[list[int]]:
+    """While the block runs, Ctrl-C raises ``KeyboardInterrupt`` and SIGTERM ``SystemExit(143)`` (it would
+    kill the process outright and leave the temporary directory), and each signal is also remembered in
+    the list yielded: one that lands inside a third-party import can be swallowed there (seen on Linux:
+    Ctrl-C during numba's import of scipy, the command then ran to completion), so the caller raises it
+    again after the command. Only the main thread can install handlers; elsewhere nothing changes."""
+    seen: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield seen
+        return
+
+    def on_signal(signum, frame):
+        seen.append(signum)
+        raise _stop(signum)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)
+                if signal.getsignal(s) is not signal.SIG_IGN}  # an ignored signal (nohup, cron) stays ignored
+    try:
+        yield seen
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
 def precompile(progress: bool | None = None, with_model: bool = True) -> int:
     """Run :func:`commands` in a temporary directory (user cache directory there too, so nothing of the
     user's is read or written); output is discarded. Returns the number of commands run. Ctrl-C and
@@ -75,11 +107,10 @@ def precompile(progress: bool | None = None, with_model: bool = True) -> int:
     from tqdm import tqdm
 
     from mlx_backend.converted_copy import ENV_OFF
-    from reference.atomic import sigterm_unwinds
     from reference.cli import UserError, build_parser
 
     parser = build_parser()
-    with sigterm_unwinds(), tempfile.TemporaryDirectory(prefix="ngram-spec-precompile-") as tmp, \
+    with _stops_remembered() as seen, tempfile.TemporaryDirectory(prefix="ngram-spec-precompile-") as tmp, \
             mock.patch.dict(os.environ, {"NGRAM_SPEC_CACHE_DIR": str(Path(tmp) / "user-cache"), ENV_OFF: "1"}):
         runs = commands(Path(tmp), with_model)
         for argv in tqdm(runs, desc="compile kernels", unit="command",
@@ -92,6 +123,8 @@ def precompile(progress: bool | None = None, with_model: bool = True) -> int:
                 raise UserError(f"`ngram-spec {' '.join(argv)}` failed: {exc} {sink.getvalue()[-2000:]}") from exc
             if code:
                 raise UserError(f"`ngram-spec {' '.join(argv)}` exited with {code}: {sink.getvalue()[-2000:]}")
+            if seen:
+                raise _stop(seen[0])
     return len(runs)
 
 

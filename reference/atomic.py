@@ -49,7 +49,7 @@ def _terminate(signum, frame):
 
 
 @contextlib.contextmanager
-def sigterm_unwinds() -> Iterator[None]:
+def _sigterm_unwinds() -> Iterator[None]:
     """While the block runs, SIGTERM raises ``SystemExit(143)`` instead of killing the process outright
     (only the main thread can install a handler; elsewhere the default stays)."""
     if threading.current_thread() is not threading.main_thread():
@@ -76,7 +76,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", **open_kwargs) -> It
             yield f
         return
     given, path = path, Path(os.path.realpath(path))  # through a symbolic link, like open(path, "w")
-    with sigterm_unwinds():
+    with _sigterm_unwinds():
         try:
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         except OSError as exc:  # a missing or read-only folder: name the file the user gave

@@ -87,6 +87,47 @@ def test_a_stopped_precompile_leaves_no_temporary_directory(tmp_path, sig, code)
     assert list(tmp.glob("ngram-spec-precompile-*")), "precompile never made its temporary directory"
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=300)
-    assert proc.returncode == code, err[-2000:]
+    # Ctrl-C landing inside an extension module's import (the first command imports numba, which imports
+    # scipy): main() catches the KeyboardInterrupt and returns 130, yet CPython then ends the process by
+    # SIGINT, as after an uncaught one (seen in about half the runs here); a shell shows both as 130
+    assert proc.returncode in ((code, -sig) if sig == signal.SIGINT else (code,)), err[-2000:]
     assert "Traceback" not in err
-    assert list(tmp.iterdir()) == []
+    assert list(tmp.glob("ngram-spec-precompile-*")) == []  # mlx's own JIT cache (tmp/mlx) may remain
+
+
+def test_an_interrupt_swallowed_inside_a_command_still_stops_precompile(tmp_path, monkeypatch):
+    """A library that swallows the ``KeyboardInterrupt`` raised in it must not keep precompile going (seen
+    in CI and once under strace here: SIGINT delivered early, Python's handler ran, precompile ran to the
+    end and exited 0): the interrupt is raised again after that command, and the temporary directory goes."""
+    import argparse
+
+    import mlx_backend.precompile as pc
+    import reference.cli
+
+    ran = []
+
+    def swallowing(args):
+        ran.append(args.command)
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)  # the handler runs here, at the next bytecode
+        except KeyboardInterrupt:
+            pass
+        return 0
+
+    def build_parser():
+        parser = argparse.ArgumentParser()
+        sub = parser.add_subparsers(dest="command")
+        for name in ("first", "second"):
+            sub.add_parser(name).set_defaults(func=swallowing)
+        return parser
+
+    monkeypatch.setattr(reference.cli, "build_parser", build_parser)
+    monkeypatch.setattr(pc, "commands", lambda d, with_model: [["first"], ["second"]])
+    monkeypatch.setattr(pc.tempfile, "tempdir", str(tmp_path))
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        pc.precompile(progress=False)
+    assert ran == ["first"]
+    assert list(tmp_path.iterdir()) == []
+    assert signal.getsignal(signal.SIGINT) is before
