@@ -302,8 +302,6 @@ def run_generate(args) -> int:
     from reference.cli.model import generation_record
     from reference.ours_file import check_file_tokenizer
 
-    if sys.argv[1:2] == ["generate"]:  # only when this process is `ngram-spec generate` (not called in-process)
-        ensure_fast_blas(sys.argv[1:], getattr(args, "blas", None))
     dtype = None if args.dtype in (None, "auto") else args.dtype
     if dtype == "float64":
         raise ValueError("--dtype float64 is for --backend reference; mlx takes quantized, float32, float16, bfloat16")

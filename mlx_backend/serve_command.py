@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import sys
 
 import mlx.core  # noqa: F401  (without mlx or mlx-lm, reference.cli lists `serve` with the install hint)
 
@@ -31,6 +32,10 @@ def _size(text: str) -> int:
 
 
 def run_serve(args) -> int:
+    if sys.argv[1:2] == ["serve"]:  # this process is `ngram-spec serve` (not called in-process): re-run with
+        from mlx_backend.blas import ensure_fast_blas  # a fast BLAS before mlx-lm's server is imported
+
+        ensure_fast_blas(sys.argv[1:], args.blas)
     from mlx_backend.server import run_serve as serve
 
     return serve(args)

@@ -47,7 +47,6 @@ from mlx_lm.generate import stream_generate as plain_stream_generate
 from mlx_lm.models.cache import LRUPromptCache
 
 from mlx_backend.api import HashTable, as_table, load_cache
-from mlx_backend.blas import ensure_fast_blas
 from mlx_backend.dynamic_cache import load_dynamic, save_dynamic
 from mlx_backend.generate import SpecStats, default_drafter, stream_generate as spec_stream_generate
 
@@ -595,8 +594,6 @@ def run_serve(args) -> int:
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
     logging.basicConfig(level=getattr(logging, args.log_level), format="%(asctime)s - %(levelname)s - %(message)s")
-    if sys.argv[1:2] == ["serve"]:  # only when this process is `ngram-spec serve` (not called in-process)
-        ensure_fast_blas(sys.argv[1:], args.blas)
     speculator = NgramSpeculator(draft_max=args.draft_max, speculative=not args.no_spec, static=args.static,
                                  dynamic=args.dynamic, scope=args.dynamic_scope, save_every=args.save_every)
     dtype = None if args.dtype in (None, "auto") else args.dtype

@@ -118,3 +118,36 @@ def test_an_unwritable_cache_directory_keeps_the_bundled_blas(libs, monkeypatch,
     assert blas.fast_blas_env("auto") is None
     with pytest.raises(FileNotFoundError, match="NGRAM_SPEC_CACHE_DIR"):
         blas.fast_blas_env("wheel")
+
+
+class _ReExecuted(Exception):
+    pass
+
+
+@linux_x86
+@pytest.mark.parametrize("argv", [["generate", "--prompt", "hi", "--max-tokens", "2"], ["serve"]],
+                         ids=["generate", "serve"])
+def test_generate_and_serve_re_execute_before_their_mlx_lm_code(libs, monkeypatch, argv):
+    """Everything a command imports before the re-run is imported again after it: ``generate`` and
+    ``serve`` re-execute before reaching their mlx-lm code (whose import takes about 1 s here)."""
+    pytest.importorskip("mlx_lm")
+    import mlx_backend.cli
+    import mlx_backend.server
+    from reference.cli import main
+
+    system, wheel, install = libs
+    install(system)
+    monkeypatch.delenv(blas.REEXEC_MARK, raising=False)
+    monkeypatch.delenv(blas.ENV_CHOICE, raising=False)
+
+    def execve(exe, args, env):
+        raise _ReExecuted(args)
+    monkeypatch.setattr(blas.os, "execve", execve)
+    reached = []
+    monkeypatch.setattr(mlx_backend.cli, "run_generate", lambda args: reached.append("generate") or 0)
+    monkeypatch.setattr(mlx_backend.server, "run_serve", lambda args: reached.append("serve") or 0)
+    monkeypatch.setattr(sys, "argv", ["ngram-spec", *argv])
+    with pytest.raises(_ReExecuted) as exc:
+        main(argv)
+    assert exc.value.args[0] == [sys.executable, "-m", "reference", *argv]
+    assert reached == []
