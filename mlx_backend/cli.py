@@ -290,6 +290,8 @@ def context_drafter():
 
 def run_generate(args) -> int:
     """``ngram-spec generate --backend mlx`` (the parser and the argument checks are reference/cli/model.py's)."""
+    if sys.argv[1:2] == ["generate"]:  # only when this process is `ngram-spec generate` (not called in-process);
+        ensure_fast_blas(sys.argv[1:], getattr(args, "blas", None))  # first: the re-run imports mlx-lm again
     import math
 
     from mlx_lm.generate import stream_generate as plain_stream_generate

@@ -196,10 +196,6 @@ def cmd_generate(args) -> int:
     if args.prompt == "-":
         args.prompt = sys.stdin.read()  # mlx_lm.generate's convention
     if args.backend == "mlx":
-        if sys.argv[1:2] == ["generate"]:  # this process is `ngram-spec generate` (not called in-process):
-            from mlx_backend.blas import ensure_fast_blas  # re-run with a fast BLAS before mlx-lm's 1 s import
-
-            ensure_fast_blas(sys.argv[1:], getattr(args, "blas", None))
         try:
             from mlx_backend.cli import run_generate
         except ImportError as exc:
