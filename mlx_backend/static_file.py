@@ -21,6 +21,7 @@ from __future__ import annotations
 import lzma
 import mmap
 import os
+import queue
 import struct
 import sys
 import zlib
@@ -31,7 +32,7 @@ import numpy as np
 from numba import njit
 
 from mlx_backend.ngram_tables import NGRAM_MAX, words_to_slots
-from mlx_backend.radix_sort import radix_sort
+from mlx_backend.radix_sort import radix_sort, radix_sort_threads
 from mlx_backend.tables_sorted import INT32_MAX, Section, SortedCache, static_top
 from reference.atomic import atomic_write
 from reference.cache_file import EMPTY_CACHE, EMPTY_FILE, CacheFileError
@@ -175,18 +176,18 @@ def verify_cache(cache: SortedCache, path: str | os.PathLike = "<memory>") -> No
 
 CHUNK_WORDS = 1 << 20  # the file is read in 4 MiB steps; pages read are released from the process
 THREADS = 4  # at most, for the steps that place followers
-SORT_BATCH = 1 << 20  # entries of long follower lists sorted at once (8 MiB)
+SORT_BATCH = 1 << 18  # entries of long follower lists sorted at once (2 MiB)
 
 
 @njit(cache=True)
 def _scan_llama(words, o, stop, r, w0, w1, size, nt):
     """Walk the records of a llama.cpp cache file (int32 words) that start in ``[o, stop)``, checking
-    each as ``reference.cache_file.load_cache`` does (except repeats), and store record r's key words
-    (``w1`` for n >= 3 only; it is -1 otherwise), n-gram size and follower count. Returns ``(o, r,
-    error, error_word, bad_value)``: the next record's word and index; error 0 = ok, 1 = truncated
-    header, 2 = invalid n-gram, 3 = ntokens <= 0, 4 = truncated followers, 5 = negative follower token,
-    6 = non-positive count. For errors 4-6 record r-1 is the damaged one, stored with only the
-    followers before the bad one (the repeats that the reference checks before the error)."""
+    each record's n-gram, follower count and length as ``reference.cache_file.load_cache`` does (the
+    followers are checked where they are placed, :func:`_place_followers`; repeats after sorting), and
+    store record r's key words (``w1`` for n >= 3 only; it is -1 otherwise), n-gram size and follower
+    count. Returns ``(o, r, error, error_word, bad_value)``: the next record's word and index; error 0
+    = ok, 1 = truncated header, 2 = invalid n-gram, 3 = ntokens <= 0, 4 = truncated followers (record
+    r-1, stored with no followers)."""
     W = words.size
     while o < stop:
         if o + 5 > W:
@@ -209,37 +210,42 @@ def _scan_llama(words, o, stop, r, w0, w1, size, nt):
         if n > 2:
             w1[r] = (np.int64(words[o + 2]) << 32) | (np.int64(words[o + 3]) & 0xFFFFFFFF)
         size[r] = n
-        b = o + 5
+        nt[r] = f
         r += 1
-        if b + 2 * f > W:
+        if o + 5 + 2 * f > W:
             nt[r - 1] = 0
-            return o, r, 4, b, f
-        for k in range(f):
-            j = b + 2 * k
-            if words[j] < 0 or words[j + 1] <= 0:
-                nt[r - 1] = k
-                if words[j] < 0:
-                    return o, r, 5, j, np.int64(words[j])
-                return o, r, 6, j + 1, np.int64(words[j + 1])
-        nt[r - 1] = f
-        o = b + 2 * f
+            return o, r, 4, o + 5, f
+        o += 5 + 2 * f
     return o, r, 0, 0, 0
 
 
-def _sort_keys(a0: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(keys, order)``: the key words ``a0`` (n <= 2) sorted, and the index of each; equal keys keep
-    their order. Where ``(t0, t1, index)`` fits in one int64 (token ids below ``2**21`` for 4 M
-    records) that packing is radix-sorted by its ``(t0, t1)`` bits, else argsorted."""
+def _sort_keys(a0: np.ndarray, rec: np.ndarray, nt: np.ndarray, offsets: np.ndarray, dst: np.ndarray,
+               pool: ThreadPoolExecutor, threads: int):
+    """``(keys, order)``: the key words ``a0`` (n <= 2; of records ``rec``, or of all records if it is
+    empty) sorted, and the index of each; equal keys keep their order. The follower lists are laid
+    out as :func:`_layout` does. Where ``(t0, t1, index)`` fits in one int64 (token ids below
+    ``2**21`` for 4 M records) that packing, made in ``a0``'s place, is radix-sorted by its ``(t0,
+    t1)`` bits, with each record's follower count in spare bits where they hold it (so laying out
+    reads no other array); else ``a0`` is argsorted. Sorting and laying out run on ``pool``'s threads."""
     R = len(a0)
     hi, lo = _max_halves(a0)
     rb, hb, lb = max(1, (R - 1).bit_length()), hi.bit_length(), lo.bit_length()
     if rb + hb + lb > 63:
         order = np.argsort(a0, kind="stable")
+        _layout(order, rec, nt, offsets, dst)
         return a0[order], order
-    packed = _pack_keys(a0, lb, rb)
-    radix_sort(packed, rb, np.empty_like(packed))
-    keys = _unpack_keys(packed, lb, rb)
-    return keys, packed
+    cb = min(8, 63 - rb - hb - lb)  # bits for the follower count; a count that does not fit is read from nt
+    _pack_keys(a0, rec, nt, lb, cb, rb)
+    keys = np.empty_like(a0)  # the sort's scratch, then the keys
+    radix_sort_threads(a0, cb + rb, keys, threads)
+    bounds = np.linspace(0, R, threads + 1).astype(np.int64)  # each thread lays out a range of keys
+    spans = list(zip(bounds[:-1], bounds[1:]))
+    first = np.cumsum([0, *pool.map(lambda ab: _entries(a0[ab[0]:ab[1]], rec, nt, cb, rb), spans[:-1])])
+    ends = pool.map(lambda i: _unpack_keys(a0[spans[i][0]:spans[i][1]], rec, nt, lb, cb, rb,
+                                           offsets[spans[i][0]:spans[i][1]], dst, keys[spans[i][0]:spans[i][1]],
+                                           first[i]), range(len(spans)))
+    offsets[R] = list(ends)[-1]
+    return keys, a0
 
 
 @njit(cache=True)
@@ -252,22 +258,43 @@ def _max_halves(a0):
 
 
 @njit(cache=True)
-def _pack_keys(a0, lb, rb):
-    out = np.empty(a0.size, np.int64)
-    for r in range(a0.size):
-        out[r] = (((a0[r] >> 32) << lb | (a0[r] & 0xFFFFFFFF)) << rb) | r
-    return out
+def _pack_keys(a0, rec, nt, lb, cb, rb):
+    """Each key word becomes ``t0, t1, min(follower count, 2**cb - 1), index`` in ``hb + lb + cb + rb`` bits."""
+    cap = (np.int64(1) << cb) - 1
+    for i in range(a0.size):
+        f = min(np.int64(nt[i if rec.size == 0 else rec[i]]), cap)
+        a0[i] = ((((a0[i] >> 32) << lb | (a0[i] & 0xFFFFFFFF)) << cb | f) << rb) | i
 
 
-@njit(cache=True)
-def _unpack_keys(packed, lb, rb):
-    """Key words of sorted packed keys; ``packed`` is left holding the index of each."""
-    keys = np.empty(packed.size, np.int64)
+@njit(cache=True, nogil=True)
+def _entries(packed, rec, nt, cb, rb):
+    """The number of followers of the packed keys ``packed``."""
+    cap, low = (np.int64(1) << cb) - 1, (np.int64(1) << rb) - 1
+    total = 0
+    for x in packed:
+        f = (x >> rb) & cap
+        total += nt[(x & low) if rec.size == 0 else rec[x & low]] if f == cap else f
+    return total
+
+
+@njit(cache=True, nogil=True)
+def _unpack_keys(packed, rec, nt, lb, cb, rb, offsets, dst, keys, off):
+    """The key words of sorted packed keys into ``keys``, laid out as :func:`_layout` does from
+    entry ``off`` on (``offsets``: one per key); ``packed`` is left holding the index of each.
+    Returns the entry after the last follower."""
+    cap, low = (np.int64(1) << cb) - 1, (np.int64(1) << rb) - 1
     for k in range(packed.size):
-        x = packed[k] >> rb
+        x = packed[k]
+        i = x & low
+        r = i if rec.size == 0 else rec[i]
+        f = (x >> rb) & cap
+        offsets[k] = off
+        dst[r] = off
+        off += nt[r] if f == cap else f
+        x >>= cb + rb
         keys[k] = (x >> lb) << 32 | (x & ((np.int64(1) << lb) - 1))
-        packed[k] &= (np.int64(1) << rb) - 1
-    return keys
+        packed[k] = i
+    return off
 
 
 @njit(cache=True)
@@ -283,39 +310,52 @@ def _layout(order, rec, nt, offsets, dst):
     offsets[order.size] = off
 
 
-SMALL = 64  # followers sorted in the compiled loop; longer lists are sorted by NumPy's (SIMD) sort
+SMALL = 64  # followers sorted in the placing loop; longer lists are radix-sorted in batches afterwards
 
 
 @njit(cache=True, nogil=True)
-def _place_followers(words, o, stop, r, R, cut, cut_f, dst, size, base, tokens, counts, big, n_big):
-    """Copy the followers of records r..R-1 (file order, record r at word ``o``, none past ``stop``;
-    record ``cut``, if any, is damaged: only its first ``cut_f`` followers) to ``base[n] + dst[r]``
-    onward; lists of up to ``SMALL`` are sorted by token here (insertion sort), longer ones are listed
-    in ``big[n_big..]`` as ``(first entry, length, word)`` for :func:`_sort_big`.
-    Returns ``(o, r, n_big, word of the first repeated follower in a short list or -1)``."""
-    while o < stop and r < R:
-        f = cut_f if r == cut else np.int64(words[o + 4])
+def _place_followers(words, o, r, R, cut, dst, size, base, tokens, counts, big, n_big):
+    """Copy the followers of records r..R-1 (file order, record r at word ``o``; record ``cut``, if
+    any, is truncated: none are read) to ``base[n] + dst[r]`` onward, checking each as the reference
+    does; lists of up to ``SMALL`` are sorted by token here (an insertion sort of ``token << 32 |
+    count`` in a local buffer), longer ones are listed in ``big[n_big..]`` as ``(first entry, length,
+    word)`` for :func:`_sort_big`. Stops at the first problem: returns ``(n_big, word, problem)``,
+    problem 0 = none, 5 = negative follower token, 6 = non-positive count (both after the repeats
+    among the record's earlier followers), 7 = a repeated follower in a short list (its first repeat
+    in file order)."""
+    buf = np.empty(SMALL, np.int64)
+    while r < R:
+        f = 0 if r == cut else np.int64(words[o + 4])
         b = o + 5
         d = base[size[r]] + dst[r]
         for k in range(f):
-            tokens[d + k] = words[b + 2 * k]
-            counts[d + k] = words[b + 2 * k + 1]
+            y, c = words[b + 2 * k], words[b + 2 * k + 1]
+            if y < 0 or c <= 0:
+                rep = _first_repeat(words[b:b + 2 * k:2])
+                if rep >= 0:
+                    return n_big, b + 2 * rep, 7
+                return n_big, b + 2 * k + (y >= 0), 5 if y < 0 else 6
+            if f > SMALL:
+                tokens[d + k], counts[d + k] = y, c
+            else:  # counts are positive: the packing orders by token, then count
+                x = np.int64(y) << 32 | np.int64(c)
+                i = k
+                while i > 0 and buf[i - 1] > x:
+                    buf[i] = buf[i - 1]
+                    i -= 1
+                buf[i] = x
         if f > SMALL:
             big[n_big, 0], big[n_big, 1], big[n_big, 2] = d, f, b
             n_big += 1
         else:
-            for k in range(1, f):
-                t, c = tokens[d + k], counts[d + k]
-                i = d + k - 1
-                while i >= d and tokens[i] > t:
-                    tokens[i + 1], counts[i + 1] = tokens[i], counts[i]
-                    i -= 1
-                tokens[i + 1], counts[i + 1] = t, c
-                if i >= d and tokens[i] == t:  # a repeat: find the first one in file order
-                    return o, r, n_big, b + 2 * _first_repeat(words[b:b + 2 * f:2])
+            for k in range(f):
+                y = buf[k] >> 32
+                if k and y == buf[k - 1] >> 32:  # a repeat: find the first one in file order
+                    return n_big, b + 2 * _first_repeat(words[b:b + 2 * f:2]), 7
+                tokens[d + k], counts[d + k] = y, buf[k] & 0xFFFFFFFF
         o = b + 2 * np.int64(words[o + 4])
         r += 1
-    return o, r, n_big, -1
+    return n_big, -1, 0
 
 
 @njit(cache=True)
@@ -328,28 +368,29 @@ def _first_repeat(t):
     return -1
 
 
-def _sort_big(words, big, tokens, counts) -> int:
-    """Sort the long follower lists ``big`` by token, many lists per radix sort (one sort per list
-    spends more in Python than in sorting): entry ``(y, c)`` of the ``q``-th list of a batch as
-    ``(q * V + y) << 32 | c``, V = 1 + the largest token, ``q * V + y < 2**31``. Returns the word of
-    the first repeated follower in file order among them, or -1."""
-    if not len(big):
+@njit(cache=True, nogil=True)
+def _sort_big(words, big, tokens, counts, x, tmp):
+    """Sort the long follower lists ``big`` by token, many lists per radix sort of up to ``x.size``
+    entries (scratch ``x``, ``tmp``: at least the longest list): entry ``(y, c)`` of the ``q``-th list
+    of a batch as ``(q * V + y) << 32 | c``, V = 1 + the largest token, ``q * V + y < 2**31``.
+    Returns the word of the first repeated follower in file order among them, or -1."""
+    L = big.shape[0]
+    if L == 0:
         return -1
-    V = int(_max_token(big, tokens)) + 1
+    V = np.int64(_max_token(big, tokens)) + 1
     lists = max(1, INT32_MAX // V)
-    ends = np.cumsum(big[:, 1])
-    scratch = np.empty((2, max(min(SORT_BATCH, int(ends[-1])), int(big[:, 1].max()))), np.int64)
     i = 0
-    while i < len(big):
-        start = int(ends[i] - big[i, 1])
-        j = min(i + lists, max(i + 1, int(np.searchsorted(ends, start + SORT_BATCH, "right"))))
-        x = scratch[0, :int(ends[j - 1]) - start]
-        _pack_lists(big[i:j], tokens, counts, V, x)
-        radix_sort(x, 32, scratch[1])
-        q = _unpack_lists(big[i:j], x, tokens, counts, V)
+    while i < L:
+        j, n = i + 1, big[i, 1]
+        while j < L and j - i < lists and n + big[j, 1] <= x.size:
+            n += big[j, 1]
+            j += 1
+        _pack_lists(big[i:j], tokens, counts, V, x[:n])
+        radix_sort(x[:n], 32, tmp)
+        q = _unpack_lists(big[i:j], x[:n], tokens, counts, V)
         if q >= 0:
-            b, f = int(big[i + q, 2]), int(big[i + q, 1])
-            return b + 2 * int(_first_repeat(words[b:b + 2 * f:2]))
+            b, f = big[i + q, 2], big[i + q, 1]
+            return b + 2 * _first_repeat(words[b:b + 2 * f:2])
         i = j
     return -1
 
@@ -428,12 +469,18 @@ def read_llama(path: str | os.PathLike) -> SortedCache:
     arrays with the checks of :func:`reference.cache_file.load_cache`, reporting the same first
     problem at the same byte offset (the smallest offset among the first problem of each kind).
 
-    Two compiled passes over the mapped file in 4 MiB steps (pages are released behind them; the
-    second one's steps run on up to ``THREADS`` threads), one sort of the keys per n-gram size and
-    batched radix sorts of the long follower lists; no per-entry Python objects. Besides the result,
-    memory holds per record the key word, follower count, size and first entry (arrays sized by the
-    ``len // 28`` bound on the records are touched only as far as records exist)."""
-    path = Path(path)
+    Two compiled passes over the mapped file in 4 MiB steps (pages are released behind them): the
+    first checks the records and stores their keys, the second checks and places the followers; one
+    radix sort of the keys per n-gram size, and batched radix sorts of the long follower lists. All
+    but the first pass run on up to ``THREADS`` threads; no per-entry Python objects. Besides the
+    result, memory holds per record the key word, follower count, size and first entry (arrays sized
+    by the ``len // 28`` bound on the records are touched only as far as records exist)."""
+    threads = min(THREADS, os.cpu_count() or 1)
+    with ThreadPoolExecutor(threads) as pool:  # numba's compiled loops release the GIL
+        return _read_llama(Path(path), pool, threads)
+
+
+def _read_llama(path: Path, pool: ThreadPoolExecutor, threads: int) -> SortedCache:
     words, mapping = _open_words(path)
     W = words.size
     bound = W // 7 + 1  # a record has at least 7 words
@@ -449,8 +496,7 @@ def read_llama(path: str | os.PathLike) -> SortedCache:
     problems = {1: lambda: ("truncated record header", dict(needed=20, left=4 * (W - at))),
                 2: lambda: (f"invalid n-gram {words[at:at + 4].tolist()} (expected 1..4 token ids >= 0 then -1)", {}),
                 3: lambda: (f"non-positive follower count ntokens={value}", {}),
-                4: lambda: (f"truncated record: ntokens={value} followers", dict(needed=8 * value, left=4 * (W - at))),
-                5: lambda: (f"negative follower token {value}", {}), 6: lambda: (f"non-positive count {value}", {})}
+                4: lambda: (f"truncated record: ntokens={value} followers", dict(needed=8 * value, left=4 * (W - at)))}
     first = [(4 * at, *problems[err]())] if err else []  # (byte offset, problem, sizes): the first of each kind
     w0, w1, size, nt = w0[:R], w1[:R], size[:R], nt[:R]
     sizes = [n for n in range(1, NGRAM_MAX + 1) if np.any(size == n)]
@@ -460,48 +506,52 @@ def read_llama(path: str | os.PathLike) -> SortedCache:
     for n in sizes:
         rec = np.flatnonzero(size == n) if len(sizes) > 1 else np.zeros(0, np.int64)
         a0 = w0[rec] if len(rec) else w0
+        E = int(nt[rec].sum(dtype=np.int64) if len(rec) else nt.sum(dtype=np.int64))
+        if E >= 2**32:
+            raise ValueError(f"a section holds at most 2**32-1 entries, got {E}")
+        offsets = np.empty(len(a0) + 1, np.uint32)
         if n <= 2:
-            keys, order = _sort_keys(a0)
+            keys, order = _sort_keys(a0, rec, nt, offsets, dst, pool, threads)
             same = keys[1:] == keys[:-1]
         else:
             order = np.lexsort((w1[rec] if len(rec) else w1, a0))
             keys = np.column_stack([a0[order], (w1[rec] if len(rec) else w1)[order]])
             same = (keys[1:] == keys[:-1]).all(axis=1)
+            _layout(order, rec, nt, offsets, dst)
         if same.any():  # a repeated n-gram: report its first repeat in file order (both sorts are stable)
             r = int(order[1:][same].min())
             r = int(rec[r]) if len(rec) else r
-            slots = words_to_slots(w0[r:r + 1], w1[r:r + 1] if n > 2 else np.full(1, -1, np.int64))[0, :n]
-            first.append((4 * _record_start(words, r), f"duplicate n-gram {tuple(slots.tolist())}", {}))
-        del a0, same
-        E = int(nt[rec].sum(dtype=np.int64) if len(rec) else nt.sum(dtype=np.int64))
-        if E >= 2**32:
-            raise ValueError(f"a section holds at most 2**32-1 entries, got {E}")
-        offsets = np.empty(len(keys) + 1, np.uint32)
-        _layout(order, rec, nt, offsets, dst)
-        del order, rec
+            o = _record_start(words, r)
+            first.append((4 * o, f"duplicate n-gram {tuple(words[o:o + n].tolist())}", {}))
+        del a0, same, order, rec
         sections[n] = (keys, offsets, E)
         base[n + 1:] += E
     del w0, w1
     tokens, counts = np.empty(base[-1], np.int32), np.empty(base[-1], np.int32)
     n_big = np.cumsum([0] + [np.count_nonzero(nt[r0:r1] > SMALL) for (_, r0), (_, r1) in zip(steps, steps[1:])])
     big = np.empty((int(n_big[-1]), 3), np.int64)
-    cut, cut_f = (R - 1, int(nt[R - 1])) if err >= 4 else (-1, 0)  # a damaged last record: its followers read
+    cut = R - 1 if err == 4 else -1  # a truncated last record: its followers are not read
+    longest = int(nt.max(initial=0))
+    scratch = queue.SimpleQueue()  # one pair of sort buffers per thread, allocated here: memory freed in a
+    for _ in range(threads):  # worker thread's arena is not reused by the main thread
+        scratch.put(np.empty((2, max(SORT_BATCH, longest)), np.int64))
     del nt  # the placing reads each record's follower count from the file
 
     def place(i):  # the steps run in parallel, each writing its own records' entries and rows of big
         (o0, r0), (o1, r1) = steps[i], steps[i + 1]
-        _, _, end, dup_at = _place_followers(words, o0, W, r0, r1, cut, cut_f, dst, size, base, tokens, counts,
-                                             big, n_big[i])
+        end, at, problem = _place_followers(words, o0, r0, r1, cut, dst, size, base, tokens, counts, big, n_big[i])
         _release(mapping, o0, o1)
-        return end, dup_at
+        x = scratch.get()
+        dup = _sort_big(words, big[n_big[i]:end], tokens, counts, *x)  # the long lists before any problem
+        scratch.put(x)
+        return (dup, 7) if dup >= 0 and (not problem or dup < at) else (at, problem)
 
-    with ThreadPoolExecutor(min(THREADS, os.cpu_count() or 1)) as pool:  # numba releases the GIL
-        placed = list(pool.map(place, range(len(steps) - 1)))
-    end, dup_at = next(((e, d) for e, d in placed if d >= 0), (len(big), -1))  # the first repeat in file order
-    big_dup = _sort_big(words, big[:end], tokens, counts)
-    dup_at = big_dup if dup_at < 0 or 0 <= big_dup < dup_at else dup_at
-    if dup_at >= 0:
-        first.append((4 * dup_at, f"duplicate follower {int(words[dup_at])}", {}))
+    placed = list(pool.map(place, range(len(steps) - 1)))
+    at, problem = next((p for p in placed if p[1]), (-1, 0))  # the first problem in file order
+    del scratch
+    if problem:
+        first.append((4 * at, {5: "negative follower token", 6: "non-positive count",
+                               7: "duplicate follower"}[problem] + f" {int(words[at])}", {}))
     if first:
         offset, problem, sizes = min(first, key=lambda e: e[:2])
         raise CacheFileError(path, offset, problem, **sizes)
@@ -509,7 +559,7 @@ def read_llama(path: str | os.PathLike) -> SortedCache:
     out = {}
     for n, (keys, offsets, E) in sections.items():
         t, c = tokens[base[n]:base[n] + E], counts[base[n]:base[n] + E]
-        out[n] = Section(n, keys, offsets, t, c, static_top(offsets, t, c))
+        out[n] = Section(n, keys, offsets, t, c, static_top(offsets, t, c, threads))
     return SortedCache(out, source=str(path))
 
 

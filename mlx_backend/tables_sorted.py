@@ -22,6 +22,7 @@ by chunk and merges the sorted chunks; merging caches merges sorted entry rows.
 from __future__ import annotations
 
 import hashlib
+from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 import numpy as np
@@ -191,15 +192,21 @@ def readonly(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
     return views
 
 
-def static_top(offsets: np.ndarray, tokens: np.ndarray, counts: np.ndarray) -> np.ndarray:
+def static_top(offsets: np.ndarray, tokens: np.ndarray, counts: np.ndarray, threads: int = 1) -> np.ndarray:
     """Per key: the most frequent follower (smallest id among ties) if ``F >= 2`` and
-    ``100 * c >= 50 * F``, else -1 -- the static-only draft rule (ngram-cache.cpp:65-94)."""
+    ``100 * c >= 50 * F``, else -1 -- the static-only draft rule (ngram-cache.cpp:65-94).
+    ``threads``: each takes a range of keys, about equal in entries."""
     top = np.empty(len(offsets) - 1, np.int32)
-    _static_top(*readonly(offsets, tokens, counts), top)
+    offsets, tokens, counts = readonly(offsets, tokens, counts)
+    split = (np.arange(1, threads) * int(offsets[-1]) // threads).astype(offsets.dtype)  # offsets' type: no conversion
+    cuts = [0, *np.searchsorted(offsets, split).tolist(), len(top)]
+    spans = [(a, b) for a, b in zip(cuts, cuts[1:]) if a < b]
+    with ThreadPoolExecutor(threads) as pool:  # the compiled loop releases the GIL
+        list(pool.map(lambda ab: _static_top(offsets[ab[0]:ab[1] + 1], tokens, counts, top[ab[0]:ab[1]]), spans))
     return top
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _static_top(offsets, tokens, counts, top):
     for i in range(top.size):
         F, best, y = 0, 0, -1
