@@ -31,7 +31,18 @@ def _size(text: str) -> int:
                                          f"or GB (e.g. 512M, 8G)") from exc
 
 
+def check_args(args) -> None:
+    """The checks the parser cannot make, before anything is loaded (or re-run with a fast BLAS)."""
+    if args.max_tokens < 1:
+        raise ValueError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    if args.draft_max is not None and args.draft_max < 0:
+        raise ValueError(f"--draft-max must be >= 0 (0: plain decoding), got {args.draft_max}")
+    if not 0 < args.port < 65536:
+        raise ValueError(f"--port must be in 1..65535, got {args.port}")
+
+
 def run_serve(args) -> int:
+    check_args(args)
     if sys.argv[1:2] == ["serve"]:  # this process is `ngram-spec serve` (not called in-process): re-run with
         from mlx_backend.blas import ensure_fast_blas  # a fast BLAS before mlx-lm's server is imported
 

@@ -587,12 +587,6 @@ def run_serve(args) -> int:
     from mlx_backend.cli import load_model
 
     check_mlx_lm()
-    if args.max_tokens < 1:
-        raise ValueError(f"--max-tokens must be at least 1, got {args.max_tokens}")
-    if args.draft_max is not None and args.draft_max < 0:
-        raise ValueError(f"--draft-max must be >= 0 (0: plain decoding), got {args.draft_max}")
-    if not 0 < args.port < 65536:
-        raise ValueError(f"--port must be in 1..65535, got {args.port}")
     logging.basicConfig(level=getattr(logging, args.log_level), format="%(asctime)s - %(levelname)s - %(message)s")
     speculator = NgramSpeculator(draft_max=args.draft_max, speculative=not args.no_spec, static=args.static,
                                  dynamic=args.dynamic, scope=args.dynamic_scope, save_every=args.save_every)

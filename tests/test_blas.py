@@ -148,3 +148,17 @@ def test_generate_and_serve_re_run_before_importing_mlx_lm(tmp_path, argv):
                          cwd=Path(__file__).parents[1], timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.splitlines()[-1]) == []
+
+
+@pytest.mark.parametrize("flag", [["--port", "70000"], ["--max-tokens", "0"], ["--draft-max", "-1"]],
+                         ids=["port", "max-tokens", "draft-max"])
+def test_serve_refuses_bad_arguments_before_re_running(flag):
+    """A bad ``serve`` argument is one error line, exit 2, without the fast-BLAS re-run (and its note)
+    first: the checks come before it."""
+    pytest.importorskip("mlx_lm")
+    env = {k: v for k, v in os.environ.items() if k not in (blas.REEXEC_MARK, blas.ENV_CHOICE, "LD_PRELOAD")}
+    out = subprocess.run([sys.executable, "-c", RE_RUN_PROBE, "serve", *flag], capture_output=True, text=True,
+                         env=env, cwd=Path(__file__).parents[1], timeout=300)
+    assert out.returncode == 2 and out.stdout == "", (out.stdout, out.stderr[-2000:])
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "error:" in lines[0] and flag[0] in lines[0], lines
