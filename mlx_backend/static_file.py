@@ -319,10 +319,10 @@ def _place_followers(words, o, r, R, cut, dst, size, base, tokens, counts, big, 
     any, is truncated: none are read) to ``base[n] + dst[r]`` onward, checking each as the reference
     does; lists of up to ``SMALL`` are sorted by token here (an insertion sort of ``token << 32 |
     count`` in a local buffer), longer ones are listed in ``big[n_big..]`` as ``(first entry, length,
-    word)`` for :func:`_sort_big`. Stops at the first problem: returns ``(n_big, word, problem)``,
-    problem 0 = none, 5 = negative follower token, 6 = non-positive count (both after the repeats
-    among the record's earlier followers), 7 = a repeated follower in a short list (its first repeat
-    in file order)."""
+    word)`` for :func:`_sort_big`, which places them. Stops at the first problem: returns ``(n_big,
+    word, problem)``, problem 0 = none, 5 = negative follower token, 6 = non-positive count (both after
+    the repeats among the record's earlier followers), 7 = a repeated follower in a short list (its
+    first repeat in file order)."""
     buf = np.empty(SMALL, np.int64)
     while r < R:
         f = 0 if r == cut else np.int64(words[o + 4])
@@ -335,9 +335,7 @@ def _place_followers(words, o, r, R, cut, dst, size, base, tokens, counts, big, 
                 if rep >= 0:
                     return n_big, b + 2 * rep, 7
                 return n_big, b + 2 * k + (y >= 0), 5 if y < 0 else 6
-            if f > SMALL:
-                tokens[d + k], counts[d + k] = y, c
-            else:  # counts are positive: the packing orders by token, then count
+            if f <= SMALL:  # counts are positive: the packing orders by token, then count
                 x = np.int64(y) << 32 | np.int64(c)
                 i = k
                 while i > 0 and buf[i - 1] > x:
@@ -370,14 +368,15 @@ def _first_repeat(t):
 
 @njit(cache=True, nogil=True)
 def _sort_big(words, big, tokens, counts, x, tmp):
-    """Sort the long follower lists ``big`` by token, many lists per radix sort of up to ``x.size``
-    entries (scratch ``x``, ``tmp``: at least the longest list): entry ``(y, c)`` of the ``q``-th list
-    of a batch as ``(q * V + y) << 32 | c``, V = 1 + the largest token, ``q * V + y < 2**31``.
-    Returns the word of the first repeated follower in file order among them, or -1."""
+    """Place the long follower lists ``big`` (read from the file's ``words``) sorted by token, many
+    lists per radix sort of up to ``x.size`` entries (scratch ``x``, ``tmp``: at least the longest
+    list): entry ``(y, c)`` of the ``q``-th list of a batch as ``(q * V + y) << 32 | c``, V = 1 + the
+    largest token, ``q * V + y < 2**31``. Returns the word of the first repeated follower in file
+    order among them, or -1."""
     L = big.shape[0]
     if L == 0:
         return -1
-    V = np.int64(_max_token(big, tokens)) + 1
+    V = np.int64(_max_token(big, words)) + 1
     lists = max(1, INT32_MAX // V)
     i = 0
     while i < L:
@@ -385,7 +384,7 @@ def _sort_big(words, big, tokens, counts, x, tmp):
         while j < L and j - i < lists and n + big[j, 1] <= x.size:
             n += big[j, 1]
             j += 1
-        _pack_lists(big[i:j], tokens, counts, V, x[:n])
+        _pack_lists(big[i:j], words, V, x[:n])
         radix_sort(x[:n], 32, tmp)
         q = _unpack_lists(big[i:j], x[:n], tokens, counts, V)
         if q >= 0:
@@ -396,20 +395,21 @@ def _sort_big(words, big, tokens, counts, x, tmp):
 
 
 @njit(cache=True)
-def _max_token(big, tokens):
+def _max_token(big, words):
     m = 0
     for i in range(big.shape[0]):
-        for k in range(big[i, 0], big[i, 0] + big[i, 1]):
-            m = max(m, tokens[k])
+        for k in range(big[i, 1]):
+            m = max(m, words[big[i, 2] + 2 * k])
     return m
 
 
 @njit(cache=True)
-def _pack_lists(big, tokens, counts, V, x):
+def _pack_lists(big, words, V, x):
     p = 0
     for q in range(big.shape[0]):
-        for k in range(big[q, 0], big[q, 0] + big[q, 1]):
-            x[p] = (q * V + np.int64(tokens[k])) << 32 | counts[k]
+        b = big[q, 2]
+        for k in range(big[q, 1]):
+            x[p] = (q * V + np.int64(words[b + 2 * k])) << 32 | words[b + 2 * k + 1]
             p += 1
 
 
@@ -540,10 +540,10 @@ def _read_llama(path: Path, pool: ThreadPoolExecutor, threads: int) -> SortedCac
     def place(i):  # the steps run in parallel, each writing its own records' entries and rows of big
         (o0, r0), (o1, r1) = steps[i], steps[i + 1]
         end, at, problem = _place_followers(words, o0, r0, r1, cut, dst, size, base, tokens, counts, big, n_big[i])
-        _release(mapping, o0, o1)
         x = scratch.get()
         dup = _sort_big(words, big[n_big[i]:end], tokens, counts, *x)  # the long lists before any problem
         scratch.put(x)
+        _release(mapping, o0, o1)
         return (dup, 7) if dup >= 0 and (not problem or dup < at) else (at, problem)
 
     placed = list(pool.map(place, range(len(steps) - 1)))
