@@ -266,14 +266,23 @@ def _pack_keys(a0, rec, nt, lb, cb, rb):
         a0[i] = ((((a0[i] >> 32) << lb | (a0[i] & 0xFFFFFFFF)) << cb | f) << rb) | i
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _followers(x, rec, nt, rb, low, cap):
+    """``(record, follower count)`` of packed key ``x`` (``low``: its ``rb`` index bits; ``cap``: the
+    largest count its spare bits hold, which means the count is read from ``nt``)."""
+    i = x & low
+    r = i if rec.size == 0 else rec[i]
+    f = (x >> rb) & cap
+    return r, nt[r] if f == cap else f
+
+
 @njit(cache=True, nogil=True)
 def _entries(packed, rec, nt, cb, rb):
     """The number of followers of the packed keys ``packed``."""
-    cap, low = (np.int64(1) << cb) - 1, (np.int64(1) << rb) - 1
+    low, cap = (np.int64(1) << rb) - 1, (np.int64(1) << cb) - 1
     total = 0
     for x in packed:
-        f = (x >> rb) & cap
-        total += nt[(x & low) if rec.size == 0 else rec[x & low]] if f == cap else f
+        total += _followers(x, rec, nt, rb, low, cap)[1]
     return total
 
 
@@ -282,18 +291,16 @@ def _unpack_keys(packed, rec, nt, lb, cb, rb, offsets, dst, keys, off):
     """The key words of sorted packed keys into ``keys``, laid out as :func:`_layout` does from
     entry ``off`` on (``offsets``: one per key); ``packed`` is left holding the index of each.
     Returns the entry after the last follower."""
-    cap, low = (np.int64(1) << cb) - 1, (np.int64(1) << rb) - 1
+    low, cap = (np.int64(1) << rb) - 1, (np.int64(1) << cb) - 1
     for k in range(packed.size):
         x = packed[k]
-        i = x & low
-        r = i if rec.size == 0 else rec[i]
-        f = (x >> rb) & cap
+        r, f = _followers(x, rec, nt, rb, low, cap)
         offsets[k] = off
         dst[r] = off
-        off += nt[r] if f == cap else f
+        off += f
+        packed[k] = x & low
         x >>= cb + rb
         keys[k] = (x >> lb) << 32 | (x & ((np.int64(1) << lb) - 1))
-        packed[k] = i
     return off
 
 

@@ -198,6 +198,9 @@ def static_top(offsets: np.ndarray, tokens: np.ndarray, counts: np.ndarray, thre
     ``threads``: each takes a range of keys, about equal in entries."""
     top = np.empty(len(offsets) - 1, np.int32)
     offsets, tokens, counts = readonly(offsets, tokens, counts)
+    if threads == 1:
+        _static_top(offsets, tokens, counts, top)
+        return top
     split = (np.arange(1, threads) * int(offsets[-1]) // threads).astype(offsets.dtype)  # offsets' type: no conversion
     cuts = [0, *np.searchsorted(offsets, split).tolist(), len(top)]
     spans = [(a, b) for a, b in zip(cuts, cuts[1:]) if a < b]

@@ -137,15 +137,20 @@ sys.exit(main(sys.argv[1:]) or 3)  # 3: returned without re-running
 """
 
 
-@pytest.mark.parametrize("argv", [["generate", "--prompt", "hi", "--max-tokens", "2"], ["serve"]],
-                         ids=["generate", "serve"])
-def test_generate_and_serve_re_run_before_importing_mlx_lm(tmp_path, argv):
-    """Everything a command imports before the re-run is imported again after it: ``generate`` and
-    ``serve`` re-run themselves with the fast BLAS before importing mlx-lm (about 1 s here)."""
+def run_probe(*argv: str) -> subprocess.CompletedProcess:
+    """``ngram-spec *argv`` through RE_RUN_PROBE, with no fast-BLAS choice or re-run mark inherited."""
     pytest.importorskip("mlx_lm")
     env = {k: v for k, v in os.environ.items() if k not in (blas.REEXEC_MARK, blas.ENV_CHOICE, "LD_PRELOAD")}
-    out = subprocess.run([sys.executable, "-c", RE_RUN_PROBE, *argv], capture_output=True, text=True, env=env,
-                         cwd=Path(__file__).parents[1], timeout=300)
+    return subprocess.run([sys.executable, "-c", RE_RUN_PROBE, *argv], capture_output=True, text=True, env=env,
+                          cwd=Path(__file__).parents[1], timeout=300)
+
+
+@pytest.mark.parametrize("argv", [["generate", "--prompt", "hi", "--max-tokens", "2"], ["serve"]],
+                         ids=["generate", "serve"])
+def test_generate_and_serve_re_run_before_importing_mlx_lm(argv):
+    """Everything a command imports before the re-run is imported again after it: ``generate`` and
+    ``serve`` re-run themselves with the fast BLAS before importing mlx-lm (about 1 s here)."""
+    out = run_probe(*argv)
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.splitlines()[-1]) == []
 
@@ -155,10 +160,7 @@ def test_generate_and_serve_re_run_before_importing_mlx_lm(tmp_path, argv):
 def test_serve_refuses_bad_arguments_before_re_running(flag):
     """A bad ``serve`` argument is one error line, exit 2, without the fast-BLAS re-run (and its note)
     first: the checks come before it."""
-    pytest.importorskip("mlx_lm")
-    env = {k: v for k, v in os.environ.items() if k not in (blas.REEXEC_MARK, blas.ENV_CHOICE, "LD_PRELOAD")}
-    out = subprocess.run([sys.executable, "-c", RE_RUN_PROBE, "serve", *flag], capture_output=True, text=True,
-                         env=env, cwd=Path(__file__).parents[1], timeout=300)
+    out = run_probe("serve", *flag)
     assert out.returncode == 2 and out.stdout == "", (out.stdout, out.stderr[-2000:])
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "error:" in lines[0] and flag[0] in lines[0], lines
