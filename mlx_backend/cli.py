@@ -9,11 +9,12 @@ On Linux the mlx-cpu wheel does its float matmuls with the bundled Netlib refere
 forward over S tokens costs about S forwards of one token; with OpenBLAS interposed (``LD_PRELOAD``)
 and float32 weights a forward over a few tokens costs about as much as one, like on a GPU or a Mac
 (docs/benchmarks.md). ``demo`` and ``generate`` re-run themselves in that configuration
-(:func:`mlx_backend.blas.ensure_fast_blas`: the system's OpenBLAS, else the ``cmeel-openblas`` wheel's).
+(:func:`mlx_backend.blas.ensure_fast_blas`: the system's OpenBLAS, else the ``ngsolve-openblas`` wheel's, each checked on this CPU first).
 """
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import sys
 import threading
@@ -24,7 +25,7 @@ from pathlib import Path
 import mlx.core as mx  # without mlx, reference.cli registers `demo` as "needs mlx: pip install ..."
 import mlx.nn as nn
 
-from mlx_backend.blas import CHOICES as BLAS_CHOICES, blas_in_use, ensure_fast_blas
+from mlx_backend.blas import add_option as add_blas_option, blas_in_use, ensure_fast_blas
 
 # A divergence between plain and speculative greedy output is only acceptable at a near-tie: the
 # plain step's top-2 logit gap below this (OpenBLAS's multi-row sums differ by ~1e-5 in float32).
@@ -182,11 +183,11 @@ def demo_records(model, tokenizer, prompts=DEMO_PROMPTS, *, max_tokens: int = 96
         # row cancels, and the row's figure rests on two runs of each instead of one
         plain, t_plain, plain_lp = _generate(model, ids, max_tokens, eos, spec=False, draft_max=None, drafter=None,
                                              stats=None, desc=f"{p.name} plain")
-        stats = SpecStats()
+        stats, stats2 = SpecStats(), SpecStats()
         spec, t_spec, _ = _generate(model, ids, max_tokens, eos, spec=True, draft_max=draft_max,
                                     drafter=default_drafter(), stats=stats, desc=f"{p.name} spec")
         spec2, t_spec2, _ = _generate(model, ids, max_tokens, eos, spec=True, draft_max=draft_max,
-                                      drafter=default_drafter(), stats=SpecStats(), desc=f"{p.name} spec, again")
+                                      drafter=default_drafter(), stats=stats2, desc=f"{p.name} spec, again")
         plain2, t_plain2, _ = _generate(model, ids, max_tokens, eos, spec=False, draft_max=None, drafter=None,
                                         stats=None, desc=f"{p.name} plain, again")
         if plain2 != plain:
@@ -194,12 +195,18 @@ def demo_records(model, tokenizer, prompts=DEMO_PROMPTS, *, max_tokens: int = 96
         plain_tok_s = (len(plain) + len(plain2)) / (t_plain + t_plain2)
         spec_tok_s = (len(spec) + len(spec2)) / (t_spec + t_spec2)
         div = _divergence(plain, spec, plain_lp) or _divergence(plain, spec2, plain_lp)
+        # where neither timed speculative run verified a draft, both were plain decoding through our loop:
+        # the tok/s ratio is then run-to-run noise, not a speed-up, and "speedup" is null (tok/s kept)
+        drafted, proposed = stats.n_drafted + stats2.n_drafted, stats.n_proposed + stats2.n_proposed
+        no_drafts = (None if drafted else "no-proposal" if not proposed else "policy" if draft_max is None
+                     else "no-room")
         records.append({
             "prompt": p.name, "kind": p.kind, "prompt_tokens": len(ids), "tokens": len(plain),
             "plain_tok_s": round(plain_tok_s, 2), "spec_tok_s": round(spec_tok_s, 2),
-            "speedup": round(spec_tok_s / plain_tok_s, 3), "accept": round(stats.accept, 2),
+            "speedup": round(spec_tok_s / plain_tok_s, 3) if drafted else None, "accept": round(stats.accept, 2),
             "tokens_per_forward": round(stats.tokens_per_forward, 3), "identical": div is None,
             "divergence": div, "steps": stats.steps, "n_drafted": stats.n_drafted, "n_accept": stats.n_accept,
+            "drafted": drafted, "proposed": proposed, "no_drafts": no_drafts, "policy": stats2.policy,
             "draft_lengths": {str(k): v for k, v in sorted(stats.draft_lengths.items())},
             "plain_text": tokenizer.decode([t for t in plain if t not in eos]),
         })
@@ -223,17 +230,55 @@ def describe_costs(model, prefix: str = "") -> str:
             + f"; plain step {c_p * 1e3:.0f} ms (timed S: {timed}; kept in {cost_file()})")
 
 
+def _no_drafts_note(reason: str, names: list[str], policy: dict | None) -> str:
+    """The footnote under the demo's table for the rows whose speculative runs drafted nothing."""
+    which = f"* no drafts ({', '.join(names)}): "
+    plain = ("so both timed speculative runs decoded plainly and the ratio of their tok/s to plain's is noise, "
+             "not a speed-up")
+    if reason == "no-proposal":
+        return which + f"the n-gram drafter found nothing to propose (no n-gram of the context recurred), {plain}."
+    if reason == "no-room":
+        return which + f"the drafter's proposals came only where no draft fitted before --max-tokens, {plain}."
+    costs = (policy or {}).get("cost_rel")
+    note = which + "the cost-aware draft policy (mlx_backend/draft_policy.py) chose k = 0 at every step, "
+    if not costs:
+        return note + f"the verify costs not being learned yet, {plain}."
+    note += (f"no draft length beating a plain step at the learned verify costs c(S)/c(1), S = 1..{len(costs)}: "
+             + " ".join(f"{c:.2f}" for c in costs))
+    if len(costs) > 1 and costs[1] >= 1.5:   # each extra verified row costs (nearly) a full step
+        note += (f". With this BLAS verifying k drafted tokens costs about k more steps, as much time as the "
+                 f"accepted drafts save (mlx's bundled reference BLAS does that; an optimized one, --blas auto, "
+                 f"makes verifying cheap: docs/main-job.md)")
+    return note + f"; {plain}."
+
+
 def format_table(records: list[dict]) -> str:
-    """The demo's table: one row per prompt."""
-    head = (f"{'prompt':<14}{'kind':<16}{'tokens':>7}{'plain tok/s':>13}{'spec tok/s':>12}{'speedup':>9}"
+    """The demo's table: one row per prompt. A row whose speculative runs drafted nothing shows
+    ``no drafts*`` instead of a speedup, with a footnote saying why."""
+    head = (f"{'prompt':<14}{'kind':<16}{'tokens':>7}{'plain tok/s':>13}{'spec tok/s':>12}{'speedup':>12}"
             f"{'accept':>8}{'tok/fwd':>9}  identical")
     rows = [head, "-" * len(head)]
+    no_drafts: dict[str, list[str]] = {}
+    policy = None
     for r in records:
         same = "yes" if r["identical"] else (
             f"no: near-tie at token {r['divergence']['index']} (gap {r['divergence']['top2_gap']:.1e})"
             if r["divergence"]["near_tie"] else f"NO (token {r['divergence']['index']})")
+        reason = r.get("no_drafts")
+        if reason:
+            no_drafts.setdefault(reason, []).append(r["prompt"])
+            policy = r.get("policy") or policy
+            speedup = f"{'no drafts*':>12}"
+        else:
+            speedup = f"{r['speedup']:>11.2f}x"
         rows.append(f"{r['prompt']:<14}{r['kind']:<16}{r['tokens']:>7}{r['plain_tok_s']:>13.1f}{r['spec_tok_s']:>12.1f}"
-                    f"{r['speedup']:>8.2f}x{r['accept']:>7.0f}%{r['tokens_per_forward']:>9.2f}  {same}")
+                    f"{speedup}{r['accept']:>7.0f}%{r['tokens_per_forward']:>9.2f}  {same}")
+    if no_drafts:
+        import textwrap
+
+        rows.append("")
+        rows += [textwrap.fill(_no_drafts_note(reason, names, policy), width=len(head), subsequent_indent="  ",
+                               break_long_words=False, break_on_hyphens=False) for reason, names in no_drafts.items()]
     return "\n".join(rows)
 
 
@@ -243,6 +288,7 @@ def run_demo(args) -> int:
     if args.draft_max is not None and args.draft_max < 1:
         raise ValueError(f"--draft-max must be at least 1 (omit it for the cost-aware choice), got {args.draft_max}")
     if sys.argv[1:2] == ["demo"]:  # only when this process is `ngram-spec demo` (not called in-process)
+        faulthandler.enable(all_threads=True)  # a native crash (e.g. SIGILL in a BLAS) names its signal and stack
         ensure_fast_blas(sys.argv[1:], args.blas)
     log = (lambda msg: print(msg, file=sys.stderr, flush=True))
     log(f"[demo] loading the model (BLAS: {blas_in_use()}) ...")
@@ -291,6 +337,7 @@ def context_drafter():
 def run_generate(args) -> int:
     """``ngram-spec generate --backend mlx`` (the parser and the argument checks are reference/cli/model.py's)."""
     if sys.argv[1:2] == ["generate"]:  # only when this process is `ngram-spec generate` (not called in-process);
+        faulthandler.enable(all_threads=True)  # a native crash (e.g. SIGILL in a BLAS) names its signal and stack
         ensure_fast_blas(sys.argv[1:], getattr(args, "blas", None))  # first: the re-run imports mlx-lm again
     import math
 
@@ -421,10 +468,7 @@ def register(subparsers) -> None:
     p.add_argument("--draft-max", type=int, default=None, metavar="K",
                    help="draft exactly up to K tokens per step (default: the cost-aware choice, from the learned "
                         "verify cost and the tracked acceptance)")
-    p.add_argument("--blas", choices=BLAS_CHOICES, default=None,
-                   help="Linux x86-64: re-run with an optimized BLAS interposed (LD_PRELOAD). auto (default, or "
-                        "$NGRAM_SPEC_BLAS): the system's OpenBLAS if installed, else the cmeel-openblas wheel's; "
-                        "system / wheel: require that one; bundled: keep mlx's reference BLAS")
+    add_blas_option(p)
     p.add_argument("--show-text", action="store_true", help="also print each prompt's generated text")
     p.add_argument("--json", action="store_true",
                    help="one JSON record per prompt: plain_tok_s, spec_tok_s, speedup, accept (percent), tokens_per_forward, "

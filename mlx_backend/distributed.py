@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import sys
 import threading
 import time
@@ -58,6 +59,29 @@ from mlx_backend.sampling import greedy
 SHARD_MODES = ("tensor", "pipeline")
 DEFAULT_TIMEOUT = 120.0   # seconds without progress before a rank gives up
 WATCHDOG_EXIT = 3
+
+
+def mlx_launch() -> str:
+    """The path of mlx's ``mlx.launch`` for this interpreter: the one next to ``sys.executable`` first (a
+    virtual environment's ``bin/``, found even when that folder is not on PATH, i.e. the environment's
+    python run by its full path without activating it), else the first on PATH. FileNotFoundError, naming
+    the fix, when there is none.
+
+    ``sys.executable`` is not resolved: a venv's ``bin/python`` is a link to the base interpreter, whose
+    folder holds another environment's scripts (or none).
+    """
+    here = Path(sys.executable).parent
+    for name in ("mlx.launch", "mlx.launch.exe"):
+        candidate = here / name
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    found = shutil.which("mlx.launch")
+    if found:
+        return found
+    raise FileNotFoundError(
+        f"mlx.launch not found next to {sys.executable} nor on PATH: it comes with the mlx package; install "
+        f"it into this environment ({sys.executable} -m pip install mlx), then run {here / 'mlx.launch'} by "
+        f"its full path or activate the environment")
 
 
 class ShardError(ValueError):

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from reference.atomic import defer_if_unsafe
+
 # what each command imports (numba, mlx) is imported when the command runs, not when the parser is built
 
 
@@ -87,6 +89,8 @@ def _stops_remembered() -> Iterator[list[int]]:
 
     def on_signal(signum, frame):
         seen.append(signum)
+        if defer_if_unsafe(signum, frame):  # inside numba (importing, compiling, a kernel's callback)
+            return
         raise _stop(signum)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)

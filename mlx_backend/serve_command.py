@@ -7,13 +7,14 @@ when ``serve`` runs.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib.util
 import json
 import sys
 
 import mlx.core  # noqa: F401  (without mlx or mlx-lm, reference.cli lists `serve` with the install hint)
 
-from mlx_backend.blas import CHOICES as BLAS_CHOICES
+from mlx_backend.blas import add_option as add_blas_option
 
 if importlib.util.find_spec("mlx_lm") is None:
     raise ModuleNotFoundError("No module named 'mlx_lm'", name="mlx_lm")
@@ -46,6 +47,9 @@ def run_serve(args) -> int:
     if sys.argv[1:2] == ["serve"]:  # this process is `ngram-spec serve` (not called in-process): re-run with
         from mlx_backend.blas import ensure_fast_blas  # a fast BLAS before mlx-lm's server is imported
 
+        # a native crash (SIGILL from a BLAS built for another CPU, SIGSEGV, ...) cannot be caught: the log
+        # then names the signal and every thread's Python stack, and the process dies by the signal
+        faulthandler.enable(file=sys.stderr, all_threads=True)
         ensure_fast_blas(sys.argv[1:], args.blas)
     from mlx_backend.server import run_serve as serve
 
@@ -105,8 +109,7 @@ def register(subparsers) -> None:
                    help="maximum number of distinct prompt caches kept for reuse (default: %(default)s)")
     p.add_argument("--prompt-cache-bytes", type=_size, default=None,
                    help="maximum size in bytes of the kept prompt caches")
-    p.add_argument("--blas", choices=BLAS_CHOICES, default=None,
-                   help="Linux x86-64: the BLAS to re-run with, as for `generate` (default: $NGRAM_SPEC_BLAS or auto)")
+    add_blas_option(p)
     p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
                    help="logging level (default: %(default)s)")
     p.set_defaults(func=run_serve)

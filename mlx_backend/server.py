@@ -21,11 +21,14 @@ Per request (JSON body): ``"speculative": false`` (mlx-lm's own plain generation
 ``"user"`` (scope of the dynamic cache with ``--dynamic-scope user``). Every response carries
 ``usage.completion_tokens_details.accepted_prediction_tokens`` / ``rejected_prediction_tokens`` and a
 ``timings`` object with llama.cpp's names (``draft_n``, ``draft_n_accepted``, ...); ``GET /v1/stats`` has
-the totals. See docs/server.md.
+the totals. A request's error is that request's; a failure of the generation worker is logged with its
+traceback, answered with HTTP 500 to every request in flight or waiting, and stops the server with exit
+status 1 (:class:`SpecResponseGenerator`). See docs/server.md.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -36,7 +39,9 @@ import sys
 import threading
 import time
 import types
+from http.server import ThreadingHTTPServer
 from pathlib import Path
+from queue import Empty as QueueEmpty
 from typing import Any, Optional
 
 import mlx.core as mx
@@ -72,6 +77,20 @@ class RequestError(ValueError):
 
 class ModelNotServed(LookupError):
     """The request names a model this server does not serve (HTTP 404, OpenAI's ``model_not_found``)."""
+
+
+class WorkerFailure(RuntimeError):
+    """The generation worker failed: the answer (HTTP 500) of every request in flight or waiting, after which
+    the server stops and exits with status 1 (see :class:`SpecResponseGenerator`)."""
+
+    status = 500
+
+
+class _WorkerStopped(Exception):
+    """Raised out of ``serve_forever`` (:meth:`SpecHTTPServer.service_actions`) once the worker has failed."""
+
+
+ANSWER_TIMEOUT_S = 10.0  # after a worker failure: how long the handlers get to send their error answers
 
 
 @dataclasses.dataclass
@@ -312,23 +331,99 @@ def _rebind(function, **names):
 
 
 class SpecResponseGenerator(mlx_server.ResponseGenerator):
-    """mlx-lm's ``ResponseGenerator``; its single-sequence path generates with n-gram speculation."""
+    """mlx-lm's ``ResponseGenerator``; its single-sequence path generates with n-gram speculation.
+
+    Failures follow mlx-lm's split between one request's error and the generation thread's death, the
+    latter made fatal. A request's own error stays that request's (mlx-lm answers it; the server keeps
+    serving): anything raised while the request is set up (validation, chat template, tokenization, a
+    :class:`RequestError`) and a ``ValueError`` raised by its generation (mlx and mlx-lm's samplers raise
+    ``ValueError`` for arguments they refuse, e.g. a ``top_k`` beyond the vocabulary). Any other exception
+    raised by the generation itself (prefill, model forwards, the n-gram drafter, verification, rollback,
+    the dynamic cache) or escaping mlx-lm's generation loop is the worker's failure: the shared state
+    (prompt caches, dynamic caches, mlx's streams) is in an unknown state and every later request would
+    meet the same broken model, BLAS or code. It is logged with its traceback, the request in flight and
+    every waiting one are answered with HTTP 500 (:class:`WorkerFailure`, naming the exception), the HTTP
+    server stops accepting connections and ``run_serve`` returns 1, for a supervisor to restart it.
+    """
 
     def __init__(self, model_provider: InjectedModelProvider, prompt_cache: HeldPromptCache,
                  n_ctx: Optional[int] = None):
         self.n_ctx = n_ctx
         self._current: Optional[tuple[SpecCompletionRequest, list[int]]] = None
-        self._serve_single = types.MethodType(
+        self.failure: Optional[BaseException] = None  # the worker's failure, once it failed
+        self.failed = threading.Event()  # set once the waiting requests have been answered with it
+        self._answering = threading.Condition()
+        self._n_answering = 0
+        serve_single = types.MethodType(
             _rebind(mlx_server.ResponseGenerator._serve_single, stream_generate=self.stream_generate), self)
+
+        def serve_single_or_fail(request, stream):
+            serve_single(request, stream)  # a failure of the generation is already that request's answer
+            if self.failure is not None:
+                raise self.failure  # out of mlx-lm's generation loop: the worker stops (_run_generate)
+
+        self._serve_single = serve_single_or_fail
         super().__init__(model_provider, prompt_cache)
 
     def _run_generate(self):
-        """mlx-lm's generation thread, destroying the mlx streams it made before it ends: a thread-local
-        stream left to the thread's teardown can abort the process at exit (mlx's ``clear_streams``)."""
+        """mlx-lm's generation thread (its ``_generate`` loop), failing the server if it raises, and
+        destroying the mlx streams it made before it ends: a thread-local stream left to the thread's
+        teardown can abort the process at exit (mlx's ``clear_streams``)."""
         try:
-            super()._run_generate()
+            self._generate()
+        except BaseException as exc:  # noqa: BLE001 (whatever ends the worker fails the server)
+            self._fail(exc)
         finally:
             mx.clear_streams()
+
+    def _fail(self, exc: BaseException) -> None:
+        """The worker failed with ``exc``: log it, answer every waiting request, let the server stop."""
+        self.failure = self.failure or exc
+        self._generation_failed = True  # mlx-lm's flag: /health answers 503, new requests are refused
+        log.critical("the generation worker failed: %s: %s. Requests in flight and waiting are answered with "
+                     "HTTP 500; the server stops (exit status 1)", type(exc).__name__, exc, exc_info=exc)
+        error = self.failure_error()
+        while True:  # a request queued after this is refused by _await_response within its 1 s poll
+            try:
+                rqueue = self.requests.get_nowait()[0]
+            except QueueEmpty:
+                break
+            rqueue.put(error)
+        self.failed.set()
+
+    def failure_error(self) -> WorkerFailure:
+        f = self.failure
+        return WorkerFailure(f"the server's generation worker failed ({type(f).__name__}: {f}); the server "
+                             "is stopping")
+
+    def generate(self, request, generation_args, progress_callback=None):
+        if self.failure is not None:
+            raise self.failure_error()
+        return super().generate(request, generation_args, progress_callback)
+
+    def _await_response(self, response_queue):
+        try:
+            return super()._await_response(response_queue)
+        except RuntimeError:  # mlx-lm's "generation thread died"
+            if self.failure is None:
+                raise
+            raise self.failure_error() from None
+
+    @contextlib.contextmanager
+    def answering(self):
+        """Held by each request's handler while it answers (:meth:`wait_answered` waits for none left)."""
+        with self._answering:
+            self._n_answering += 1
+        try:
+            yield
+        finally:
+            with self._answering:
+                self._n_answering -= 1
+                self._answering.notify_all()
+
+    def wait_answered(self, timeout: float) -> bool:
+        with self._answering:
+            return self._answering.wait_for(lambda: self._n_answering == 0, timeout)
 
     def _tokenize(self, tokenizer, request, args):
         result = super()._tokenize(tokenizer, request, args)
@@ -345,11 +440,20 @@ class SpecResponseGenerator(mlx_server.ResponseGenerator):
         self._current = (request, list(prompt))
         return result
 
-    def stream_generate(self, model, tokenizer, prompt, max_tokens, draft_model=None, num_draft_tokens=None,
-                        prompt_cache=None, **kwargs):
-        """What ``_serve_single`` calls instead of ``mlx_lm.generate.stream_generate``.
+    def stream_generate(self, *args, **kwargs):
+        """What ``_serve_single`` calls instead of ``mlx_lm.generate.stream_generate``
+        (:meth:`_stream_generate`); an exception other than a ``ValueError`` is the worker's failure."""
+        try:
+            yield from self._stream_generate(*args, **kwargs)
+        except ValueError:  # this request's (RequestError, or arguments mlx refuses): the server keeps serving
+            raise
+        except Exception as exc:
+            self.failure = exc
+            raise self.failure_error() from exc
 
-        ``draft_model`` is the :class:`NgramSpeculator`; the request and its full prompt come from
+    def _stream_generate(self, model, tokenizer, prompt, max_tokens, draft_model=None, num_draft_tokens=None,
+                         prompt_cache=None, **kwargs):
+        """``draft_model`` is the :class:`NgramSpeculator`; the request and its full prompt come from
         :meth:`_tokenize`, called just before by ``_serve_single`` in the same (generation) thread.
         """
         request, full = self._current
@@ -410,6 +514,7 @@ class SpecAPIHandler(mlx_server.APIHandler):
 
     _status = 0  # the status sent, 0 before any
     _error: Optional[BaseException] = None  # the exception being answered, if any
+    _headers_sent = False
     spec: Optional[RequestSpec] = None
 
     def setup(self):
@@ -419,21 +524,50 @@ class SpecAPIHandler(mlx_server.APIHandler):
     def send_response(self, code, message=None):
         # mlx-lm answers every failure of a request's setup with 404 (meant for "model not found"); a
         # RequestError raised in the generation thread (e.g. a prompt beyond the context) is the client's: 400
+        # (and a WorkerFailure: 500)
         exc = sys.exc_info()[1]
-        if code == 404 and isinstance(exc, RequestError):
+        if code == 404 and isinstance(exc, (RequestError, WorkerFailure)):
             code = exc.status
         self._status, self._error = code, exc
         super().send_response(code, message)
 
+    def end_headers(self):
+        self._headers_sent = True
+        super().end_headers()
+
     def do_POST(self):
+        with self.response_generator.answering():
+            try:
+                super().do_POST()
+            except (ValueError, AssertionError) as exc:  # mlx-lm 0.32.0 lets bad-request errors escape do_POST
+                if self._status:
+                    raise
+                self._set_completion_headers(400)
+                self.end_headers()
+                self.wfile.write(json.dumps({"error": str(exc)}).encode())
+
+    def handle_completion(self, request, stop_words):
+        """mlx-lm's, answering an error raised once the response has begun (mlx-lm lets it escape and the
+        connection is dropped): an error response if nothing was sent yet, else a last ``data: {"error":
+        ...}`` event (the ``openai`` client raises it as an ``APIError``); then the connection is closed."""
         try:
-            super().do_POST()
-        except (ValueError, AssertionError) as exc:  # mlx-lm 0.32.0 lets bad-request errors escape do_POST
-            if self._status:
+            super().handle_completion(request, stop_words)
+        except Exception as exc:
+            if isinstance(exc, OSError):  # writing failed: the client went away, there is no one to answer
                 raise
-            self._set_completion_headers(400)
-            self.end_headers()
-            self.wfile.write(json.dumps({"error": str(exc)}).encode())
+            status = getattr(exc, "status", 400 if isinstance(exc, ValueError) else 500)
+            if not isinstance(exc, WorkerFailure):  # the worker logged its own failure
+                log.error("request failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
+            error = {"message": str(exc), "type": _ERROR_TYPES.get(status, "server_error"), "param": None,
+                     "code": None}
+            self.close_connection = True
+            if self._headers_sent:  # a stream has begun (a whole non-streamed answer was sent: nothing to add)
+                if self.stream:
+                    self.wfile.write(f"data: {json.dumps({'error': error})}\n\n".encode())
+                    self.wfile.flush()
+            else:  # the success headers are still buffered: replace them
+                self._headers_buffer = []
+                self._json(status, {"error": error})
 
     def validate_model_parameters(self) -> None:
         super().validate_model_parameters()
@@ -456,6 +590,8 @@ class SpecAPIHandler(mlx_server.APIHandler):
             raise ValueError("messages must be a non-empty list of objects with a role")
         if "prompt" in body and not isinstance(body["prompt"], str):
             raise ValueError("prompt must be a string")
+        if self.seed is not None and not 0 <= self.seed < 2 ** 64:  # mx.random.seed's range
+            raise ValueError("seed must be an integer in 0..2**64-1")
         user = body.get("user")
         if user is not None and not isinstance(user, str):
             raise ValueError("user must be a string")
@@ -552,6 +688,25 @@ class _OpenAIErrorBodies:
         return getattr(self._raw, name)
 
 
+class SpecHTTPServer(ThreadingHTTPServer):
+    """mlx-lm's HTTP server class, stopping once the generation worker has failed and logging (instead of
+    printing) a request's unexpected exception. ``run_serve`` serves with a subclass naming its generator."""
+
+    generator: SpecResponseGenerator
+
+    def service_actions(self):  # run by serve_forever at least every 0.5 s
+        if self.generator.failed.is_set():
+            self.server_close()  # from now on the system refuses connections: nobody waits for an answer
+            raise _WorkerStopped
+
+    def handle_error(self, request, client_address):
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError):
+            log.info("client %s went away: %s", client_address[0], exc)
+        else:
+            log.error("request from %s failed", client_address[0], exc_info=exc)
+
+
 def context_length(model) -> Optional[int]:
     """The model's trained context (``max_position_embeddings``; a GGUF file's ``context_length``), if known."""
     args = getattr(model, "args", None)
@@ -612,11 +767,23 @@ def run_serve(args) -> int:
     def stop(signum, frame):
         raise KeyboardInterrupt
 
+    server_class = type(SpecHTTPServer.__name__, (SpecHTTPServer,), {"generator": generator})
     previous = signal.signal(signal.SIGTERM, stop)
     try:
-        mlx_server._run_http_server(args.host, args.port, generator, handler_class=SpecAPIHandler)
+        mlx_server._run_http_server(args.host, args.port, generator, server_class=server_class,
+                                    handler_class=SpecAPIHandler)
+    except _WorkerStopped:
+        pass
     finally:
         signal.signal(signal.SIGTERM, previous)
         generator.stop_and_join()
-        speculator.save()
-    return 0
+        if generator.failure is None:
+            speculator.save()
+    if generator.failure is None:
+        return 0
+    if not generator.wait_answered(ANSWER_TIMEOUT_S):
+        log.error("some requests were still being answered %.0f s after the failure", ANSWER_TIMEOUT_S)
+    if speculator.path is not None:
+        log.warning("the dynamic n-gram cache is not saved after a failure: %s keeps its last save", speculator.path)
+    log.critical("stopped after the generation worker failed (exit status 1)")
+    return 1

@@ -7,6 +7,11 @@ so the target holds either its old bytes or the complete new ones. On any except
 ``KeyboardInterrupt`` (SIGINT) and SIGTERM (turned into ``SystemExit(143)`` while a write is open),
 the temporary file is removed and the old file is left untouched.
 
+Signal handlers that raise (SIGTERM here, Ctrl-C's while a command runs: :func:`interrupt_handler`,
+installed by ``reference.cli.main``) raise only where Python passes the exception on: a signal that
+lands inside numba (a compiled kernel calling back into Python, an import, a compilation) is put off
+and delivered again a moment later (:func:`defer_if_unsafe`), so it unwinds the command like any other.
+
 >>> import tempfile, os
 >>> d = tempfile.mkdtemp(); path = os.path.join(d, "out.bin")
 >>> with atomic_write(path) as f:
@@ -44,7 +49,100 @@ from typing import IO
 HOLD_ENV = "NGRAM_SPEC_TEST_HOLD_BEFORE_RENAME"
 
 
+# How long a signal that landed where raising is unsafe waits before it is delivered again (seconds).
+RETRY_S = 0.02
+
+_pending: set[int] = set()  # signals put off by defer_if_unsafe and not yet acted on
+_pending_lock = threading.RLock()  # re-entrant: a handler runs in the main thread, maybe inside a locked block
+
+
+def _unsafe_to_raise(frame) -> bool:
+    """Whether an exception raised by a signal handler at ``frame`` (the main thread's innermost Python
+    frame, where CPython runs the handler) could be lost or garbled rather than unwind the program:
+
+    * inside numba (``numba.*`` frames anywhere on the stack): a compiled kernel calls back into Python to
+      box the arrays of the tuple it returns (``numba.core.serialize._numba_unpickle``); an exception
+      raised there is not passed on, and the kernel's caller gets ``SystemError: CPUDispatcher(...)
+      returned a result with an exception set`` (a 35-line traceback and exit 1 instead of Ctrl-C's exit
+      130; a signal that arrives while a kernel runs is handled right there, when it returns). numba's
+      own import and compilation run third-party code that can swallow it (precompile.py);
+    * inside a ``__del__``: the exception is printed as "Exception ignored" and dropped.
+    """
+    while frame is not None:
+        if frame.f_code.co_name == "__del__" or (frame.f_globals.get("__name__") or "").startswith("numba"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _deliver_again(signum: int) -> None:
+    with _pending_lock, contextlib.suppress(Exception):  # the process may be exiting
+        if signum in _pending:
+            signal.pthread_kill(threading.main_thread().ident, signum)
+
+
+def defer_if_unsafe(signum: int, frame) -> bool:
+    """For a signal handler that raises: ``True`` when it must not raise at ``frame`` now
+    (:func:`_unsafe_to_raise`); the signal is then sent to the main thread again in ``RETRY_S``
+    seconds, and so on until it lands on Python code where the handler can raise (at the latest when
+    the kernel or the compilation returns). ``False``: raise now."""
+    with _pending_lock:
+        if not _unsafe_to_raise(frame):
+            _pending.discard(signum)
+            return False
+        _pending.add(signum)
+    timer = threading.Timer(RETRY_S, _deliver_again, (signum,))
+    timer.daemon = True
+    timer.start()
+    return True
+
+
+def take_pending() -> set[int]:
+    """The signals put off by :func:`defer_if_unsafe` that no handler has acted on yet (none are sent
+    again after this call): a command that returns with one pending was interrupted at its very end."""
+    with _pending_lock:
+        taken = set(_pending)
+        _pending.clear()
+    return taken
+
+
+def interrupt_handler(signum, frame):
+    """Python's default SIGINT handler (raise ``KeyboardInterrupt``), raising only where that is safe
+    (:func:`defer_if_unsafe`). ``reference.cli.main`` installs it while a command runs."""
+    if defer_if_unsafe(signum, frame):
+        return
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def interrupts_at_safe_points() -> Iterator[None]:
+    """While the block runs, Ctrl-C raises ``KeyboardInterrupt`` as by default, but never inside numba's
+    callbacks (:func:`interrupt_handler`); a signal still put off when the block ends is raised then
+    (``KeyboardInterrupt``, or ``SystemExit(143)`` for SIGTERM) unless the block raised. The handler is
+    installed only where SIGINT has Python's default one (not where it is ignored, as in a background
+    job or under nohup) and in the main thread."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+    signal.signal(signal.SIGINT, interrupt_handler)
+    try:
+        yield
+    finally:
+        try:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        except KeyboardInterrupt:  # signal.signal first runs a pending handler, which raised: not replaced yet
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise
+        finally:
+            late = take_pending()  # nothing is put off after the restore: none is sent again after this
+    if late:
+        raise KeyboardInterrupt if signal.SIGINT in late else SystemExit(128 + min(late))
+
+
 def _terminate(signum, frame):
+    if defer_if_unsafe(signum, frame):
+        return
     raise SystemExit(128 + signum)  # unwinds through every ``finally``: temporaries are removed
 
 

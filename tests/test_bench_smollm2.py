@@ -21,7 +21,7 @@ interposed (the bandwidth-bound configuration); the weights are float32 on the C
 model loading, BLAS re-execution, generation): ``ngram-spec generate`` with its defaults (cost-aware
 draft length) against ``--no-spec`` on the free-writing prompt, once with an empty step-cost cache
 (a first run) and once with a cache that earlier runs filled (a later run), for ``--blas bundled`` and
-``--blas wheel`` (the cmeel-openblas wheel). Each round runs the three commands in one of the six orders
+``--blas wheel`` (the ngsolve-openblas wheel). Each round runs the three commands in one of the six orders
 (round i takes order i mod 6), so no command always runs first or last in a round. Target (issue 10): both
 <= 1.03x the ``--no-spec`` time.
 """
@@ -155,7 +155,7 @@ def _generate_command(blas: str, cache_dir: Path, *extra: str) -> tuple[float, f
 @pytest.mark.parametrize("blas", ["bundled", "wheel"])
 def test_bench_generate_default_vs_no_spec(benchmark, smollm2, blas, tmp_path):
     if blas == "wheel" and wheel_openblas() is None:
-        pytest.skip("the cmeel-openblas wheel is not installed")
+        pytest.skip("the ngsolve-openblas wheel is not installed")
     times = {"no_spec": [], "first": [], "later": []}
     cpu = {"no_spec": [], "first": [], "later": []}
     tokens, blas_used = {}, {}

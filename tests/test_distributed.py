@@ -5,14 +5,18 @@ Truth: the single-process runs of the same tiny mlx-lm model (mlx-lm's plain gre
 launch by :mod:`tests.dist_worker` before the model is sharded. Greedy speculative output on the
 shards must equal plain greedy output for draft lengths 0..8 (a difference only at a proven
 near-tie), every rank must emit the same tokens, and sampled runs must give rank 0's tokens on every
-rank whatever the other ranks' seeds. ``mlx.launch`` exits 0 even when a rank fails, so the tests
-read the worker's JSON, and show the launch's output when it is missing.
+rank whatever the other ranks' seeds. ``mlx.launch`` exits 0 even when a rank fails (it only prints
+``[WARN] Node with rank R exited with code C`` on stderr), so :func:`launch` runs it with ``--verbose``
+and checks the exit status it reports for every rank (``Node with rank R completed`` for 0): a rank that
+died fails the test even where rank 0 wrote its result; the tests also read the worker's JSON, and show
+the launch's output when it is missing.
 """
 from __future__ import annotations
 
 import json
 import os
-import shutil
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -22,7 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from mlx_backend.distributed import WATCHDOG_EXIT, ShardError, shard_model
+from mlx_backend import distributed
+from mlx_backend.distributed import WATCHDOG_EXIT, ShardError, mlx_launch, shard_model
 from mlx_backend.tiny_mlx import tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,13 +35,88 @@ NEAR_TIE = 1e-3   # top-2 log-probability gap under which greedy may legitimatel
 LAUNCH_TIMEOUT = 900
 
 
-def launch(args: list[str], tmp_path: Path, timeout: int = LAUNCH_TIMEOUT) -> subprocess.CompletedProcess:
-    """``mlx.launch -n 2 --backend ring -- <python> args`` from the repository root."""
-    launcher = shutil.which("mlx.launch")
-    assert launcher, "mlx.launch not found (it comes with the mlx package)"
+# mlx.launch's own report of each rank's end (mlx._distributed_utils.launch; "completed" with --verbose only)
+RANK_END = re.compile(r"Node with rank (\d+) (completed|exited with code (-?\d+)|was killed)")
+
+
+def rank_exits(stderr: str) -> dict[int, int | str]:
+    """``{rank: exit status}`` as ``mlx.launch --verbose`` reports them on stderr (0: completed, a negative
+    status: killed by that signal, ``"killed"``: terminated by the launcher)."""
+    exits = {}
+    for m in RANK_END.finditer(stderr):
+        exits[int(m[1])] = 0 if m[2] == "completed" else "killed" if m[2] == "was killed" else int(m[3])
+    return exits
+
+
+def launch(args: list[str], tmp_path: Path, timeout: int = LAUNCH_TIMEOUT, check: bool = True
+           ) -> subprocess.CompletedProcess:
+    """``mlx.launch --verbose -n 2 --backend ring -- <python> args`` from the repository root, with this
+    interpreter's ``mlx.launch`` (:func:`mlx_backend.distributed.mlx_launch`). ``check``: fail unless
+    every rank exited with status 0 (``mlx.launch`` itself exits 0 either way)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([launcher, "-n", "2", "--backend", "ring", "--", sys.executable, *args],
+    proc = subprocess.run([mlx_launch(), "--verbose", "-n", "2", "--backend", "ring", "--", sys.executable, *args],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    if check:
+        check_ranks(proc)
+    return proc
+
+
+def check_ranks(proc: subprocess.CompletedProcess) -> None:
+    """Fail unless ``mlx.launch --verbose`` reported both ranks completed (exit status 0)."""
+    assert rank_exits(proc.stderr) == {0: 0, 1: 0}, \
+        f"a rank failed (mlx.launch exited {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+
+
+def _script(folder: Path, name: str = "mlx.launch") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text("#!/bin/sh\n")
+    (folder / name).chmod(0o755)
+    return folder / name
+
+
+def test_mlx_launch_is_found_next_to_the_interpreter(monkeypatch, tmp_path):
+    """A venv's python run by its full path, its bin/ not on PATH (another mlx.launch is): the venv's own."""
+    venv = _script(tmp_path / "venv" / "bin")
+    monkeypatch.setattr(distributed.sys, "executable", str(venv.parent / "python"))
+    monkeypatch.setenv("PATH", str(_script(tmp_path / "elsewhere").parent))
+    assert mlx_launch() == str(venv)
+    monkeypatch.undo()
+    if (Path(sys.executable).parent / "mlx.launch").is_file():   # this environment's, with an empty PATH
+        monkeypatch.setenv("PATH", "")
+        assert mlx_launch() == str(Path(sys.executable).parent / "mlx.launch")
+
+
+def test_mlx_launch_falls_back_to_path_then_names_the_fix(monkeypatch, tmp_path):
+    monkeypatch.setattr(distributed.sys, "executable", str(tmp_path / "venv" / "bin" / "python"))
+    elsewhere = _script(tmp_path / "elsewhere")
+    monkeypatch.setenv("PATH", str(elsewhere.parent))
+    assert mlx_launch() == str(elsewhere)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(FileNotFoundError, match=r"mlx.launch not found next to .*venv/bin/python nor on PATH: .*"
+                                                r"-m pip install mlx.*by its full path or activate the environment"):
+        mlx_launch()
+
+
+def test_a_dead_rank_fails_the_launch_check(tmp_path):
+    """``mlx.launch`` exits 0 when a rank is killed (what docs/distributed.md tells users to look for
+    instead), and a killed rank fails :func:`launch`'s check even though rank 0 wrote its result."""
+    out = tmp_path / "result.txt"
+    script = textwrap.dedent(f"""
+        import os, signal
+        import mlx.core as mx
+        group = mx.distributed.init()
+        if group.rank() == 0:
+            open({str(out)!r}, "w").write("done")
+        mx.eval(mx.distributed.all_sum(mx.array([1]), group=group, stream=mx.cpu))
+        if group.rank() == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    proc = launch(["-c", script], tmp_path, timeout=300, check=False)
+    assert out.read_text() == "done"
+    assert proc.returncode == 0, "mlx.launch now reports a dead rank: update docs/distributed.md"
+    assert rank_exits(proc.stderr)[1] == -signal.SIGKILL, proc.stderr
+    with pytest.raises(AssertionError, match="a rank failed"):
+        check_ranks(proc)
 
 
 def first_divergence(truth: list[int], gaps: list[float], tokens: list[int]) -> int | None:
@@ -179,8 +259,11 @@ def test_cli_shard_prints_once_and_equals_plain(tmp_path):
     subprocess.run([sys.executable, "-m", "reference", "tiny-model", "--arch", "llama", "--out", str(llama)],
                    cwd=ROOT, check=True, capture_output=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     proc = launch(["-m", "reference", "generate", "--model", str(llama), "--shard", "pipeline", *prompt],
-                  tmp_path, timeout=300)
-    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+                  tmp_path, timeout=300, check=False)
+    exits = rank_exits(proc.stderr)   # status 2, or the launcher's SIGTERM when the other rank ended first
+    assert sorted(exits) == [0, 1] and 0 not in exits.values(), proc.stderr
+    # (the "[ring] ..." lines are the ring backend's connection log, on with --verbose: "(error: 111 )" is a retry)
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line and not line.startswith("[ring] ")]
     assert len(errors) == 1, proc.stderr
     assert errors[0].startswith("ngram-spec generate: error: mlx-lm ")
     assert errors[0].endswith("has no pipeline-parallel sharding for llama models (model.pipeline() is missing): "

@@ -6,11 +6,15 @@ parser and sets ``func`` (called with the parsed arguments, returns the exit cod
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import importlib
 import logging
 import os
+import signal
 import sys
+
+from reference.atomic import interrupts_at_safe_points
 
 # Modules that contribute subcommands, in the order ``--help`` lists them.
 COMMAND_MODULES = (
@@ -93,20 +97,56 @@ def show_cache_notes(command: str) -> None:
     handler.setFormatter(logging.Formatter(f"ngram-spec {command}: %(message)s"))
 
 
+def _stop_in(exc: BaseException) -> BaseException | None:
+    """The ``KeyboardInterrupt`` (Ctrl-C) or ``SystemExit`` (SIGTERM, see ``reference.atomic``) that ``exc``
+    is or was raised from or during (its ``__cause__``/``__context__`` chain), if any: a compiled kernel
+    interrupted in a callback reports ``SystemError: ... returned a result with an exception set`` caused
+    by the interrupt."""
+    todo, seen = [exc], set()
+    while todo:
+        e = todo.pop(0)
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            return e
+        todo += [e.__cause__, e.__context__]
+    return None
+
+
+def _interrupted(command: str | None) -> int:
+    """Ctrl-C: one line on stderr and exit status 130 (128 + SIGINT), in every phase of every command."""
+    with contextlib.suppress(Exception):  # stderr closed: the exit status says it
+        print(f"{_prog(command)}: interrupted", file=sys.stderr, flush=True)
+    return 128 + int(signal.SIGINT)
+
+
+def _prog(command: str | None) -> str:
+    return f"ngram-spec {command}" if command else "ngram-spec"
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    show_cache_notes(args.command)
+    command = None
     try:
-        return int(args.func(args) or 0)
-    except (UserError, ValueError, OSError) as exc:  # bad input: one clear line, no traceback
-        if isinstance(exc, OSError) and exc.errno == errno.EPIPE:  # `ngram-spec ... | head`: not an error
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return 0
-        print(f"ngram-spec {args.command}: error: {_describe(exc)}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+        with interrupts_at_safe_points():  # Ctrl-C never raises inside numba's callbacks (reference.atomic)
+            parser = build_parser()
+            args = parser.parse_args(argv)
+            command = args.command
+            show_cache_notes(command)
+            return int(args.func(args) or 0)
+    except BaseException as exc:
+        stop = _stop_in(exc)
+        if isinstance(stop, KeyboardInterrupt):
+            return _interrupted(command)
+        if isinstance(stop, SystemExit) and stop is not exc:  # SIGTERM garbled by a compiled kernel's callback
+            raise SystemExit(stop.code) from None
+        if isinstance(exc, (UserError, ValueError, OSError)):  # bad input: one clear line, no traceback
+            if isinstance(exc, OSError) and exc.errno == errno.EPIPE:  # `ngram-spec ... | head`: not an error
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                return 0
+            print(f"{_prog(command)}: error: {_describe(exc)}", file=sys.stderr)
+            return 2
+        raise
 
 
 if __name__ == "__main__":

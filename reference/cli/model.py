@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from reference.atomic import check_outputs
-from mlx_backend.blas import CHOICES as BLAS_CHOICES  # stdlib only: no mlx needed
+from mlx_backend.blas import add_option as add_blas_option  # stdlib only: no mlx needed
 from reference.cli import UserError
 from reference.ours_file import check_file_tokenizer
 
@@ -114,9 +114,7 @@ def register(subparsers) -> None:
                         "(default: %(default)s)")
     p.add_argument("--verbose", type=_str2bool, default=True, metavar="BOOL",
                    help="print the statistics after the text (default); False or F: only the text, as mlx_lm.generate")
-    p.add_argument("--blas", choices=BLAS_CHOICES, default=None,
-                   help="mlx on Linux x86-64: the BLAS to re-run with (auto: the system's OpenBLAS, else the "
-                        "cmeel-openblas wheel's; system; wheel; bundled: mlx's own; default: $NGRAM_SPEC_BLAS or auto)")
+    add_blas_option(p)
     p.add_argument("--json", action="store_true",
                    help="print one JSON record, the same keys on both backends: backend (the one that ran), model, "
                         "blas, spec, draft_max (an int: the fixed K, or the cost-aware policy's maximum), "
