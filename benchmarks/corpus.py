@@ -15,7 +15,7 @@ any Hugging Face ``tokenizer.json`` (e.g. the SmolLM2 tokenizer). Outputs, all g
     benchmarks/data/train.i32, test.i32   raw little-endian int32 token ids
     benchmarks/data/corpus.json           sizes, packages used or skipped, tokenizer, seed
 
-The benchmarks (``tests/test_bench_ngram.py``) use these files when present. Building takes a few
+The benchmarks (``tests/mlx_backend/ngram/test_bench_ngram.py``) use these files when present. Building takes a few
 minutes of CPU (xz-decompressing the kernel sources dominates); run it ``nice``'d.
 """
 from __future__ import annotations

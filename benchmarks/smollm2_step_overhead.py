@@ -17,8 +17,11 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_sampler
 
-from mlx_backend import cli
-from mlx_backend.generate import SpecStats, ngram_speculative_generate_step
+from mlx_backend.cli import demo as cli
+from mlx_backend.decode.generate import SpecStats, ngram_speculative_generate_step
+from mlx_backend.cli.prompts import prompt_tokens
+from mlx_backend.machine.blas import blas_in_use
+from mlx_backend.models.loading import load_model
 
 
 def main() -> None:
@@ -27,8 +30,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    model, tokenizer, desc = cli.load_model(None, args.dtype)
-    prompt = mx.array(cli.prompt_tokens(tokenizer, cli.DEMO_PROMPTS[-1].text))
+    model, tokenizer, desc = load_model(None, args.dtype)
+    prompt = mx.array(prompt_tokens(tokenizer, cli.DEMO_PROMPTS[-1].text))
     greedy = make_sampler(0.0)
     ways = {
         "mlx_lm.generate_step": lambda: generate_step(prompt, model, max_tokens=args.max_tokens, sampler=greedy),
@@ -43,7 +46,7 @@ def main() -> None:
             t0 = time.perf_counter()
             n = sum(1 for _ in make())
             times[name].append((time.perf_counter() - t0) / n)
-    print(f"{desc}, BLAS: {cli.blas_in_use()}, {args.max_tokens} tokens, median of {args.rounds} rounds")
+    print(f"{desc}, BLAS: {blas_in_use()}, {args.max_tokens} tokens, median of {args.rounds} rounds")
     base = statistics.median(times["mlx_lm.generate_step"][1:])
     for name, ts in times.items():
         t = statistics.median(ts[1:])

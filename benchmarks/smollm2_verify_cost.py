@@ -18,8 +18,8 @@ import time
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
-from mlx_backend.blas import blas_in_use
-from mlx_backend.gguf import DTYPES, read_gguf, default_model_path, model_from_gguf
+from mlx_backend.machine.blas import blas_in_use
+from mlx_backend.models.gguf import DTYPES, read_gguf, default_model_path, model_from_gguf
 
 
 def verify_cost(model, context: int, s_max: int, repeats: int) -> dict[int, float]:

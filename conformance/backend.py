@@ -11,7 +11,7 @@ import importlib
 import os
 from dataclasses import dataclass
 
-ENV = "NGRAM_SPEC_BACKEND"  # the same variable reference/backends.py reads
+ENV = "NGRAM_SPEC_BACKEND"  # the same variable mlx_backend/machine/backends.py reads
 BUILTIN = {"reference": "conformance.adapters.reference", "mlx": "conformance.adapters.mlx"}
 
 # The protocol: member -> what it is. A backend provides any subset; checks needing a missing member
@@ -63,8 +63,8 @@ class Backend:
 
 def resolve(spec: str | None = None) -> Backend:
     """The backend named by ``spec`` (default ``$NGRAM_SPEC_BACKEND``, then the fast backend where it is
-    installed, else ``reference``: :func:`reference.backends.default_backend`, as for every command)."""
-    from reference.backends import default_backend
+    installed, else ``reference``: :func:`mlx_backend.machine.backends.default_backend`, as for every command)."""
+    from mlx_backend.machine.backends import default_backend
 
     spec = spec or os.environ.get(ENV) or default_backend()
     target = BUILTIN.get(spec, spec)

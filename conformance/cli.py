@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     except ImportError:
         raise ValueError("the conformance suite needs hypothesis: pip install 'ngram-spec[test]' "
                          "(or: pip install hypothesis)") from None
-    from conformance.registry import all_checks
+    from conformance.checks import all_checks
     from conformance.report import progress_line, summary
     from conformance.runner import Options, run_suite
 

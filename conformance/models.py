@@ -1,6 +1,6 @@
 """Tiny random models for the model areas, and a drafter that offers what a schedule says.
 
-Models are written once per process by :func:`reference.tiny.write_tiny_model` (mlx-lm's directory
+Models are written once per process by :func:`reference.models.tiny.write_tiny_model` (mlx-lm's directory
 format, float32, vocabulary 260) and loaded by the backend's own ``load_model``, so every backend
 runs the same weights. Token ids below 256 are ordinary (bytes); 256 is EOS.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from hypothesis import strategies as st
 
-ARCHS = ("qwen3_5", "qwen3_next", "llama", "llama_sliding")  # every architecture of reference.tiny
+ARCHS = ("qwen3_5", "qwen3_next", "llama", "llama_sliding")  # every architecture of reference.models.tiny
 SEEDS = (0, 1)
 WINDOW_PREFIX = [40, 41, 42, 43, 44, 45]  # longer than llama_sliding's window of 4: it wraps in the prompt
 VOCAB = 256  # prompts and forced-wrong drafts stay below the special tokens
@@ -26,7 +26,7 @@ _root: Path | None = None
 def model_dir(arch: str, seed: int) -> Path:
     """The directory of the tiny ``arch`` model drawn from ``seed`` (written on first use)."""
     global _root
-    from reference.tiny import write_tiny_model
+    from reference.models.tiny import write_tiny_model
 
     if (arch, seed) not in _dirs:
         if _root is None:
@@ -58,7 +58,7 @@ def prompts(draw, max_size: int = 24) -> list[int]:
 
 
 class ScriptedDrafter:
-    """A drafter (``reset``, ``extend``, ``draft``) that offers, step by step, what ``schedule`` says,
+    """A :class:`reference.drafter.Drafter` (``reset``, ``extend``, ``draft``) that offers, step by step, what ``schedule`` says,
     knowing the true greedy continuation ``truth``: ``("true", k)`` the next k true tokens,
     ``("wrong", j)`` j true tokens then a wrong one, ``("empty",)`` nothing. After the schedule
     runs out it offers nothing. ``offered`` records ``(tokens generated so far, drafts)`` per call;

@@ -1,7 +1,7 @@
 """The mutation campaign: cosmic-ray mutates the rule modules, the conformance suite kills the mutants.
 
     python -m conformance.mutation                                # every rule module (hours)
-    python -m conformance.mutation --module reference/draft.py    # one module
+    python -m conformance.mutation --module reference/ngram/draft.py    # one module
     python -m conformance.mutation --sample 40 --jobs 2           # 40 mutants a module, two at a time
     python -m conformance.mutation --session DIR --rerun-survivors  # after strengthening the suite
     python -m conformance.mutation --report SESSION_DIR           # the table of a (partial) session
@@ -39,86 +39,86 @@ RULES_NGRAM = ("counts", "drafting", "thresholds", "cache_files", "replay")
 
 # rule module -> (backend that runs it, the areas whose checks call it)
 MODULES = {
-    "reference/draft.py": ("reference", ("drafting", "thresholds", "replay")),
-    "reference/ngram_cache.py": ("reference", RULES_NGRAM),
-    "reference/drafter.py": ("reference", ("counts", "drafting", "thresholds", "greedy")),
-    "reference/replay.py": ("reference", ("replay",)),
-    "reference/cache_file.py": ("reference", ("cache_files", "drafting", "replay")),
+    "reference/ngram/draft.py": ("reference", ("drafting", "thresholds", "replay")),
+    "reference/ngram/cache.py": ("reference", RULES_NGRAM),
+    "reference/ngram/drafter.py": ("reference", ("counts", "drafting", "thresholds", "greedy")),
+    "reference/ngram/replay.py": ("reference", ("replay",)),
+    "reference/ngram/cache_file.py": ("reference", ("cache_files", "drafting", "replay")),
     "reference/speculative.py": ("reference", ("greedy",)),
     "reference/models/cache.py": ("reference", ("rollback", "greedy")),
-    "mlx_backend/generate.py": ("mlx", ("greedy", "sampling")),
-    "mlx_backend/sampling.py": ("mlx", ("sampling", "greedy")),
-    "mlx_backend/rollback.py": ("mlx", ("rollback", "greedy")),
-    "mlx_backend/ngram_tables.py": ("mlx", RULES_NGRAM),
-    "mlx_backend/tables_sorted.py": ("mlx", RULES_NGRAM),
+    "mlx_backend/decode/generate.py": ("mlx", ("greedy", "sampling")),
+    "mlx_backend/decode/sampling.py": ("mlx", ("sampling", "greedy")),
+    "mlx_backend/decode/rollback.py": ("mlx", ("rollback", "greedy")),
+    "mlx_backend/ngram/hash_table.py": ("mlx", RULES_NGRAM),
+    "mlx_backend/ngram/sorted_cache.py": ("mlx", RULES_NGRAM),
 }
 
 # (module, the mutated line as cosmic-ray writes it) -> why that mutant changes no behaviour a backend
 # can show (so it cannot be killed).
 EQUIVALENT: dict[tuple[str, str], str] = {
-    ("reference/draft.py", "LAX = Thresholds(a_n=(2, 2, 1, 0), p_n=(66, 50, 50, 50))  # context cache"):
+    ("reference/ngram/draft.py", "LAX = Thresholds(a_n=(2, 2, 1, 0), p_n=(66, 50, 50, 50))  # context cache"):
         "lax a_4 = 1 -> 0: a level is consulted only for an n-gram in the cache, whose count sum is >= 1",
-    ("reference/draft.py", "LAX = Thresholds(a_n=(2, 2, 0, 1), p_n=(66, 50, 50, 50))  # context cache"):
+    ("reference/ngram/draft.py", "LAX = Thresholds(a_n=(2, 2, 0, 1), p_n=(66, 50, 50, 50))  # context cache"):
         "lax a_3 = 1 -> 0: a level is consulted only for an n-gram in the cache, whose count sum is >= 1",
-    ("reference/draft.py", "y_best = min(part_st, key=lambda y: (~part_st[y], y))"):
+    ("reference/ngram/draft.py", "y_best = min(part_st, key=lambda y: (~part_st[y], y))"):
         "~c = -c - 1 orders the counts as -c does",
-    ("reference/draft.py", "return (x - 2**31) % 2**32 - 2**31"): "-2^31 and +2^31 are equal modulo 2^32",
-    ("reference/draft.py", "ngrams = [tuple(window[-n:]) if n <= L else None for n in range(LLAMA_NGRAM_MIN, "
+    ("reference/ngram/draft.py", "return (x - 2**31) % 2**32 - 2**31"): "-2^31 and +2^31 are equal modulo 2^32",
+    ("reference/ngram/draft.py", "ngrams = [tuple(window[-n:]) if n <= L else None for n in range(LLAMA_NGRAM_MIN, "
                            "LLAMA_NGRAM_MAX ^ 1)]"): "4 ^ 1 = 5 = 4 + 1",
-    ("reference/draft.py", "window = window[1:] + [y] if len(window) is LLAMA_NGRAM_MAX else window + [y]"):
+    ("reference/ngram/draft.py", "window = window[1:] + [y] if len(window) is LLAMA_NGRAM_MAX else window + [y]"):
         "CPython keeps one object per small int, so len(window) is 4 exactly when it equals 4",
-    ("reference/draft.py", "c_st = part_st.get(y, -1)"): "the default is only compared with > 0: -1 and 0 both fail it",
-    ("reference/draft.py", "window = window[ 0:] + [y] if len(window) == LLAMA_NGRAM_MAX else window + [y]"):
+    ("reference/ngram/draft.py", "c_st = part_st.get(y, -1)"): "the default is only compared with > 0: -1 and 0 both fail it",
+    ("reference/ngram/draft.py", "window = window[ 0:] + [y] if len(window) == LLAMA_NGRAM_MAX else window + [y]"):
         "the window keeps growing instead of sliding, but only its last 4 tokens are read",
-    ("reference/draft.py", "return (x ^ 2**31) % 2**32 - 2**31"):
+    ("reference/ngram/draft.py", "return (x ^ 2**31) % 2**32 - 2**31"):
         "adding 2^31 modulo 2^32 flips bit 31, as the xor does",
-    ("reference/draft.py", "window = [int(t) for t in inp[not LLAMA_NGRAM_MAX:]]  # the tail of S that the n-grams reach"):
+    ("reference/ngram/draft.py", "window = [int(t) for t in inp[not LLAMA_NGRAM_MAX:]]  # the tail of S that the n-grams reach"):
         "the whole input instead of its last 4 tokens: only the last 4 are read",
-    ("mlx_backend/generate.py", "verifier = VerifyCache(model, cache, gdn_path) if draft_max != -1 else None"):
+    ("mlx_backend/decode/generate.py", "self.verifier = VerifyCache(model, self.cache, gdn_path) if draft_max != -1 else None"):
         "draft_max = -1 is refused above, so a verifier is also made for draft_max = 0, a run that never "
         "verifies: the same tokens, one unused wrapper",
-    ("mlx_backend/tables_sorted.py", "new_key[1:] |= w1[1:] > w1[:-1]"):
+    ("mlx_backend/ngram/sorted_cache.py", "new_key[1:] |= w1[1:] > w1[:-1]"):
         "the rows are sorted by (w0, w1): within one w0, w1 only grows, so != is >; where w0 changes the key "
         "is already new",
-    ("mlx_backend/tables_sorted.py", "if j == 0 or key > (packed[j - 1] >> bits):"):
+    ("mlx_backend/ngram/sorted_cache.py", "if j == 0 or key > (packed[j - 1] >> bits):"):
         "the packed triples are sorted: a key differs from the previous one exactly when it is larger",
-    ("mlx_backend/tables_sorted.py",
+    ("mlx_backend/ngram/sorted_cache.py",
      "BUILD_CHUNK = 1 << 23  # tokens per sorted chunk of the static build (bounded memory)"):
         "the chunk length of the static build bounds its memory; the merged counts are the same",
-    ("mlx_backend/tables_sorted.py", "if int(t.max()) >= 1 + PACK_BITS:"):
+    ("mlx_backend/ngram/sorted_cache.py", "if int(t.max()) >= 1 + PACK_BITS:"):
         "ids from 22 up take the unpacked build (cache_from_rows) instead of the packed one: the same counts",
-    ("mlx_backend/rollback.py", 'return "replay" if not on_metal else "states"'):
+    ("mlx_backend/decode/rollback.py", 'return "replay" if not on_metal else "states"'):
         "both GatedDeltaNet rollback paths are exact (replay recomputes the kept prefix, states stores each "
         "token's state): the choice by device is one of speed",
-    ("mlx_backend/rollback.py", "S = self.conv_input.shape[1] + layer.conv_kernel_size + 1"):
+    ("mlx_backend/decode/rollback.py", "S = self.conv_input.shape[1] + layer.conv_kernel_size + 1"):
         "S is a shortcut for m = S: without it, the states path returns states[S - 1], the same final state",
-    ("mlx_backend/sampling.py", "if i is k:"): "CPython keeps one object per small int: i is k exactly when i == k "
+    ("mlx_backend/decode/sampling.py", "if i is k:"): "CPython keeps one object per small int: i is k exactly when i == k "
                                                "for draft lengths up to 256",
-    ("mlx_backend/sampling.py", "if 0 < self.top_p < 2:"):
+    ("mlx_backend/decode/sampling.py", "if 0 < self.top_p < 2:"):
         "top-p filtering at p = 1 keeps every token of positive probability: the same law",
-    ("mlx_backend/sampling.py", "return int(mx.random.categorical(mx.log(residual), axis=+1).item()), False"):
+    ("mlx_backend/decode/sampling.py", "return int(mx.random.categorical(mx.log(residual), axis=+1).item()), False"):
         "the residual is [1, V]: axis 1 is axis -1",
     ("reference/models/cache.py", "self.pending = -1"):
         "keep() before any forward raises ValueError either way (-1 fails the range test 0 <= m <= pending)",
     ("reference/models/cache.py", "self.recurrent = states[+1]"):
         "the reference's loops follow every multi-token forward with keep(m), which sets the recurrent state "
         "from the trace (states[m]); after a one-token forward states[+1] is states[-1]",
-    ("mlx_backend/rollback.py", "@functools.lru_cache(maxsize= 255)"):
+    ("mlx_backend/decode/rollback.py", "@functools.lru_cache(maxsize= 255)"):
         "the size of the memo of rotating-cache masks: a mask that is not kept is computed again, the same",
-    ("mlx_backend/ngram_tables.py", "while k <= n_draft:"):
+    ("mlx_backend/ngram/hash_table.py", "while k <= n_draft:"):
         "this loop runs only when n_draft > n_ctx + 4, and it leaves at the chunk's end (L + k - 1 >= n_ctx) "
         "before k can reach n_draft",
-    ("mlx_backend/sampling.py", "while n is not k and tokens[n] == drafts[n]:"):
+    ("mlx_backend/decode/sampling.py", "while n is not k and tokens[n] == drafts[n]:"):
         "CPython keeps one object per small int: n is not k exactly when n != k for draft lengths up to 256, "
         "and n only grows from 0 to k",
-    ("mlx_backend/sampling.py", "if isinstance(sampler, Sampler) and sampler.temp == 0:"):
+    ("mlx_backend/decode/sampling.py", "if isinstance(sampler, Sampler) and sampler.temp == 0:"):
         "for a drafter's single proposal d, drawing t ~ p and accepting d iff t = d emits each token with "
         "probability p, as accepting d with probability p(d) and else drawing from p without d does: the same law",
-    ("mlx_backend/tables_sorted.py", "if j is b0.size:"):
+    ("mlx_backend/ngram/sorted_cache.py", "if j is b0.size:"):
         "numba compiles `is` between two integers as equality, and j never passes b0.size",
-    ("mlx_backend/ngram_tables.py", "t = list(ngram) + [-1] * (NGRAM_MAX // len(ngram))"):
+    ("mlx_backend/ngram/hash_table.py", "t = list(ngram) + [-1] * (NGRAM_MAX // len(ngram))"):
         "4 // n = 4 - n for n = 2, 3; for n = 1, 4 it pads one -1 more, past the 4 slots that are read",
-    ("mlx_backend/ngram_tables.py",
+    ("mlx_backend/ngram/hash_table.py",
      "best_y, best_c, best_w, best_s = np.int64(-1), np.int64( 1), np.int64(1), np.int64(0)"):
         "exact scores: the start (-1, c=1, w=1) is kept only when the most frequent follower is a static one, "
         "whose score c * 100 * c_st >= 100 beats it, as every other static follower's does; a follower with "
@@ -131,57 +131,58 @@ _STATS = ("a counter of the mlx backend's plain mode (enter_plain, leave_plain) 
 _TIMING = ("lookup-stats' t_draft in microseconds: the protocol bounds a time by the call's wall time, and a "
            "time that is too small (t_draft_ns % 1000) stays within it")
 _PROCESSORS = ("logits processors (mlx-lm's repetition penalty and the like), which the protocol's sample_step "
-               "does not take; tests/test_mlx_sampling.py covers them")
+               "does not take; tests/mlx_backend/decode/test_mlx_sampling.py covers them")
 _REPLAYED = ("the snapshot-and-re-run rollback of caches the recorder does not know (an unknown recurrent layer, a "
-             "cache type without trim): no protocol model has one; tests/test_mlx_rollback.py covers it")
+             "cache type without trim): no protocol model has one; tests/mlx_backend/decode/test_mlx_rollback.py covers it")
 # (module, the original line of a surviving mutant) -> why the suite cannot see that line: the mutant
 # changes behaviour, but none that the protocol defines. Still counted as survivors.
 OUT_OF_REACH: dict[tuple[str, str], str] = {
-    ("mlx_backend/generate.py", "stats.leave_plain += 1"): _STATS,
-    ("mlx_backend/generate.py", "stats.enter_plain += 1"): _STATS,
-    ("reference/replay.py", "t_draft_us = t_draft_ns / 1e3"): _TIMING,
-    ("reference/replay.py", 'bar = tqdm(total=len(chunk_starts) * n_ctx, unit="tok", desc="replay", '
-                            'disable=None if progress is None'): "the length of a progress bar",
-    ("reference/cache_file.py", "bar.update(4 * (end - o))"): "the advance of a progress bar",
-    ("mlx_backend/sampling.py", "for i in range(k + 1):"): _PROCESSORS,
-    ("mlx_backend/sampling.py", "seen = mx.array(list(history or []) + drafts[:i])"): _PROCESSORS,
-    ("mlx_backend/rollback.py", 'elif hasattr(c, "trim") and c.is_trimmable():'):
+    ("mlx_backend/decode/generate.py", "stats.leave_plain += 1"): _STATS,
+    ("mlx_backend/decode/generate.py", "stats.enter_plain += 1"): _STATS,
+    ("reference/ngram/replay.py", "t_draft_us = t_draft_ns / 1e3"): _TIMING,
+    ("reference/ngram/replay.py", "progress(i_start + n_ctx, len(chunk_starts) * n_ctx)"):
+        "the work done that a caller's progress callback is told (a progress bar's advance)",
+    ("reference/ngram/cache_file.py", "progress(4 * end, len(data))"):
+        "the bytes parsed that a caller's progress callback is told (a progress bar's advance)",
+    ("mlx_backend/decode/sampling.py", "for i in range(k + 1):"): _PROCESSORS,
+    ("mlx_backend/decode/sampling.py", "seen = mx.array(list(history or []) + drafts[:i])"): _PROCESSORS,
+    ("mlx_backend/decode/rollback.py", 'elif hasattr(c, "trim") and c.is_trimmable():'):
         "a cache with trim() that is not trimmable: among mlx-lm's caches only a RotatingKVCache past its size "
         "(taken by the line before) and a BatchRotatingKVCache past its size (batched generation; speculation "
         "runs batch size 1), neither of which the protocol's models make",
-    ("mlx_backend/rollback.py", "seen = seen[np.array(one).reshape(-1)]"):
+    ("mlx_backend/decode/rollback.py", "seen = seen[np.array(one).reshape(-1)]"):
         "mlx-lm's one-token mask inside a ring larger than its layer's window (window_size < max_size): no "
         "protocol model has one (each sliding layer's ring is its window, as mlx-lm's models make it); "
-        "tests/test_mlx_windowed.py covers it (llama-window-in-bigger-ring)",
-    ("mlx_backend/rollback.py", "self._cut(0)"): _REPLAYED,
-    ("mlx_backend/rollback.py", "for layer, _ in self.gdn:"):
+        "tests/mlx_backend/decode/test_mlx_windowed.py covers it (llama-window-in-bigger-ring)",
+    ("mlx_backend/decode/rollback.py", "self._cut(0)"): _REPLAYED,
+    ("mlx_backend/decode/rollback.py", "for layer, _ in self.gdn:"):
         "resetting the GatedDeltaNet recorder's flags: left set, the next steps record their states too (the "
         "same outputs and state, more work); the protocol checks what is generated, not how",
-    ("mlx_backend/ngram_tables.py", "n = max(0, end - max(start, 1))"):
+    ("mlx_backend/ngram/hash_table.py", "n = max(0, end - max(start, 1))"):
         "HashTable.update, called by the server's dynamic-cache learning only (the drafter counts inside its "
-        "kernel); tests/test_server.py covers it",
-    ("mlx_backend/tables_sorted.py", 'h.update("".join(" ".join(map(str, r)) + "\\n" for r in rows[i:i + (1 << 18)]'
+        "kernel); tests/mlx_backend/serve/test_server.py covers it",
+    ("mlx_backend/ngram/sorted_cache.py", 'h.update("".join(" ".join(map(str, r)) + "\\n" for r in rows[i:i + (1 << 18)]'
                                      '.tolist()).encode())'):
         "SortedCache.canonical_sha256, a method the protocol does not call (the suite hashes cache_entries itself)",
-    ("mlx_backend/tables_sorted.py", "if counts.size and counts.max() > INT32_MAX:"):
+    ("mlx_backend/ngram/sorted_cache.py", "if counts.size and counts.max() > INT32_MAX:"):
         "build_static's refusal of a 2-gram seen more than 2^31 - 1 times: a stream of over 2 billion tokens",
-    ("mlx_backend/sampling.py", "return (mx.arange(logprobs.shape[-1]) == greedy(logprobs)[..., None])"
+    ("mlx_backend/decode/sampling.py", "return (mx.arange(logprobs.shape[-1]) == greedy(logprobs)[..., None])"
                                 ".astype(mx.float32)"):
         "Sampler.probs at temperature 0 (a one-hot law), which speculative sampling never asks for: greedy "
-        "verification compares argmaxes (the server's logprobs use it; tests/test_server.py)",
-    ("mlx_backend/ngram_tables.py", "t = list(ngram) + [-1] * (NGRAM_MAX - len(ngram))"):
+        "verification compares argmaxes (the server's logprobs use it; tests/mlx_backend/serve/test_server.py)",
+    ("mlx_backend/ngram/hash_table.py", "t = list(ngram) + [-1] * (NGRAM_MAX - len(ngram))"):
         "ngram_words, the converter of the reference's NgramCache into the mlx tables (api.from_reference), "
         "which no protocol member calls",
-    ("mlx_backend/generate.py", "max_tokens: int = 256,"):
+    ("mlx_backend/decode/generate.py", "max_tokens: int = 256,"):
         "the default of ngram_speculative_generate_step's max_tokens, an argument the protocol's generate_step "
         "always passes (stream_generate's own default is checked)",
-    ("mlx_backend/generate.py", "proposal = propose(1 + room(n_out + 1)) if policy.k_max else []   # draft_max=0: no "
-                                "drafter calls"):
+    ("mlx_backend/decode/generate.py", "proposal = self.propose(1 + self.room(self.n_out + 1)) if policy.k_max else []   "
+                                       "# draft_max=0: no drafter calls"):
         "the length of the proposal the cost-aware policy weighs in plain mode: it changes which drafts are "
         "verified (speed), never a token or a flag; the protocol checks what is generated, not how fast",
-    ("mlx_backend/generate.py", 'f"{n_vocab} tokens (ids 0..{n_vocab - 1}): was the prompt made with another '
+    ("mlx_backend/decode/generate.py", 'f"{n_vocab} tokens (ids 0..{n_vocab - 1}): was the prompt made with another '
                                 'tokenizer?")'):
-        "the wording of an error message (the error itself is tested in tests/test_mlx_generate.py)",
+        "the wording of an error message (the error itself is tested in tests/mlx_backend/decode/test_mlx_generate.py)",
 }
 
 

@@ -4,7 +4,7 @@ The suite must not trust the code it tests, and the reference is one of the back
 the randomised checks compare a backend with this short, independent transcription of the rules in
 the conformance vectors' README (section 4; ``docs/spec-map.md`` gives the llama.cpp line numbers).
 It shares no code with ``reference/`` and is itself held to llama.cpp's golden vectors
-(``tests/test_conformance_oracle.py``), so a wrong oracle cannot pass silently.
+(``tests/conformance/test_conformance_oracle.py``), so a wrong oracle cannot pass silently.
 
 A cache here is a ``dict`` from an n-gram (a tuple of 1..4 tokens) to ``{follower: count}``.
 

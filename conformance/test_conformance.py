@@ -9,7 +9,7 @@ import os
 import pytest
 
 from conformance.backend import resolve
-from conformance.registry import all_checks
+from conformance.checks import all_checks
 from conformance.runner import FAILED, NOT_APPLICABLE, SKIPPED, Options, run_check
 
 CHECKS = all_checks()

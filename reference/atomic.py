@@ -8,7 +8,7 @@ so the target holds either its old bytes or the complete new ones. On any except
 the temporary file is removed and the old file is left untouched.
 
 Signal handlers that raise (SIGTERM here, Ctrl-C's while a command runs: :func:`interrupt_handler`,
-installed by ``reference.cli.main``) raise only where Python passes the exception on: a signal that
+installed by ``mlx_backend.cli.main``) raise only where Python passes the exception on: a signal that
 lands inside numba (a compiled kernel calling back into Python, an import, a compilation) is put off
 and delivered again a moment later (:func:`defer_if_unsafe`), so it unwinds the command like any other.
 
@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import IO
 
 # Test hook: when set, atomic_write pauses this many seconds after the content is written and before
-# the rename, so a test can deliver SIGINT/SIGTERM mid-write deterministically (tests/test_atomic_writes.py).
+# the rename, so a test can deliver SIGINT/SIGTERM mid-write deterministically (tests/reference/test_atomic_writes.py).
 HOLD_ENV = "NGRAM_SPEC_TEST_HOLD_BEFORE_RENAME"
 
 
@@ -108,7 +108,7 @@ def take_pending() -> set[int]:
 
 def interrupt_handler(signum, frame):
     """Python's default SIGINT handler (raise ``KeyboardInterrupt``), raising only where that is safe
-    (:func:`defer_if_unsafe`). ``reference.cli.main`` installs it while a command runs."""
+    (:func:`defer_if_unsafe`). ``mlx_backend.cli.main`` installs it while a command runs."""
     if defer_if_unsafe(signum, frame):
         return
     raise KeyboardInterrupt

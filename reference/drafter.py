@@ -1,79 +1,43 @@
-"""The stateful drafter used during generation (llama.cpp's ``examples/lookup/lookup.cpp``).
+"""The drafter protocol: what the speculative loop asks of whatever proposes the draft tokens.
 
-The context cache ``c_ctx`` is filled from the prompt (``update(c_ctx, 1, 4, inp, N)``, lookup.cpp:54)
-and then updated after every emitted token (``nnew = 1``); ``draft`` asks all three caches.
+One sequence at a time::
 
->>> d = NgramDrafter()
->>> d.reset([1, 2, 3, 1, 2, 3])
->>> d.draft(4)           # the 3-gram (1, 2, 3) was followed by 1 once: enough for the lax n = 3 level
-[1, 2, 3, 1]
->>> d.extend([7])        # the model emitted 7 instead
->>> d.tokens[-3:], d.draft(4)
-([2, 3, 7], [])
+    drafter.reset(prompt)      a new sequence starts: the prompt's tokens are all it has seen
+    drafter.draft(k)           up to k tokens predicted to follow what it has seen (fewer, or none, is fine)
+    drafter.extend(tokens)     the tokens the model emitted in the last step, in order (accepted drafts
+                               and the bonus token alike, even past an EOS: a step is learned whole)
+
+The loop never tells a drafter which of its drafts were accepted: it sees the tokens emitted and
+nothing else, so every drafter computes from the sequence alone, and the output of greedy
+speculative decoding does not depend on the drafter (only the number of forward passes does).
+
+Between requests a drafter may keep what it learned from earlier sequences (llama.cpp's dynamic
+cache ``c_dyn``, corpora it was built with such as the static cache ``c_st``): ``reset`` forgets the
+sequence, not that. What is kept across users is the caller's choice (``ngram-spec serve`` scopes it
+per user or for all). A drafter is not shared between sequences generated at the same time.
+
+Implementations: :class:`reference.ngram.drafter.NgramDrafter` (llama.cpp's lookup, the
+specification) and ``mlx_backend.ngram.drafter.NgramDrafter`` (the same rules on array tables).
+
+>>> from reference.ngram.drafter import NgramDrafter
+>>> isinstance(NgramDrafter(), Drafter)
+True
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Sequence
-
-from reference.cache_file import load_cache
-from reference.draft import SCORES, draft
-from reference.ngram_cache import LLAMA_NGRAM_STATIC, NgramCache
-from reference.tokens import check_token_list
-
-CacheLike = NgramCache | str | os.PathLike | None
+from typing import Protocol, runtime_checkable
 
 
-def as_cache(cache: CacheLike) -> NgramCache | None:
-    """``cache`` itself, or the cache file it names loaded with :func:`load_cache`."""
-    if cache is None or isinstance(cache, NgramCache):
-        return cache
-    return load_cache(cache)
-
-
-def check_static(c_st: NgramCache | None) -> None:
-    """A static cache holds 2-grams only (``llama-lookup-create``); drafting looks up nothing else, so
-    other sizes mean a mix-up (e.g. a dynamic cache passed as static).
-
-    >>> check_static(NgramCache({(1, 2, 3): {4: 1}}))
-    Traceback (most recent call last):
-    ...
-    ValueError: the static cache holds n-grams of sizes [3]; a static cache must hold 2-grams only (make it with `ngram-spec create`; pass other caches as the dynamic cache)
-    """
-    if c_st is not None and c_st.sizes() - {LLAMA_NGRAM_STATIC}:
-        raise ValueError(f"the static cache holds n-grams of sizes {sorted(c_st.sizes())}; a static cache must "
-                         "hold 2-grams only (make it with `ngram-spec create`; pass other caches as the dynamic cache)")
-
-
-class NgramDrafter:
-    """Drafts from ``c_ctx`` (this sequence), ``c_dyn`` (earlier text) and ``c_st`` (a corpus).
-
-    ``c_st`` and ``c_dyn`` are caches or cache file paths; they are only read. ``score`` is
-    ``"exact"`` (integers) or ``"int32"`` (llama.cpp's wrapping product), see :mod:`reference.draft`.
-    """
-
-    def __init__(self, c_st: CacheLike = None, c_dyn: CacheLike = None, score: str = "exact"):
-        if score not in SCORES:
-            raise ValueError(f"score must be one of {SCORES}, got {score!r}")
-        self.c_st = as_cache(c_st)
-        check_static(self.c_st)
-        self.c_dyn = as_cache(c_dyn)
-        self.score = score
-        self.tokens: list[int] = []
-        self.c_ctx = NgramCache()
+@runtime_checkable
+class Drafter(Protocol):
+    """Proposes draft tokens for the sequence it has seen (the module docstring states the contract)."""
 
     def reset(self, prompt: Sequence[int]) -> None:
-        """Start a new sequence: ``tokens = prompt``, ``c_ctx`` = its n-grams of sizes 1..4."""
-        self.tokens = check_token_list(prompt)
-        self.c_ctx = NgramCache()
-        self.c_ctx.update(self.tokens, len(self.tokens))
+        """Start a new sequence whose tokens so far are ``prompt``."""
+
+    def draft(self, k: int) -> list[int]:
+        """Up to ``k`` tokens predicted to follow the sequence so far."""
 
     def extend(self, tokens: Iterable[int]) -> None:
-        """Append emitted tokens one by one, updating ``c_ctx`` after each (``nnew = 1``)."""
-        for t in check_token_list(tokens):
-            self.tokens.append(t)
-            self.c_ctx.update(self.tokens, 1)
-
-    def draft(self, n_draft: int) -> list[int]:
-        """Up to ``n_draft`` tokens predicted to follow :attr:`tokens` (see :func:`reference.draft.draft`)."""
-        return draft(self.tokens, n_draft, self.c_ctx, self.c_dyn, self.c_st, score=self.score)
+        """Append the tokens the model emitted, in order."""

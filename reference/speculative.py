@@ -2,7 +2,7 @@
 
 ``model`` is anything with ``make_cache()`` and ``forward(tokens, cache) -> logits [S, vocab]`` whose
 cache has ``keep(m)`` (:mod:`reference.models`); ``drafter`` anything with ``reset(prompt)``,
-``extend(tokens)`` and ``draft(n) -> list[int]`` (:class:`reference.drafter.NgramDrafter`).
+``extend(tokens)`` and ``draft(n) -> list[int]`` (:class:`reference.ngram.drafter.NgramDrafter`).
 
 The prompt but its last token is run first (one prefill forward; none for a one-token prompt), then
 every step runs ``[last, d_1..d_k]`` with ``last`` the newest token (the prompt's last token at the first
@@ -24,7 +24,7 @@ token, and ``max_tokens`` never cuts a step (k leaves room for it; llama.cpp dra
 end and overshoots ``-n``). Every emitted token is the greedy
 token for its prefix, so the output equals :func:`greedy_generate` token for token (exactly, for the
 NumPy reference, whose forward is batch-invariant). The MLX backend
-(:func:`mlx_backend.generate.ngram_speculative_generate_step`) follows the same rule, so both give the
+(:func:`mlx_backend.decode.generate.ngram_speculative_generate_step`) follows the same rule, so both give the
 same tokens and the same counts (``tests/test_generate_parity.py``).
 """
 from __future__ import annotations
@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
+
+REFERENCE_DRAFT_MAX = 16  # the reference's fixed draft length: llama.cpp's --draft-max default
 
 
 @dataclass

@@ -6,9 +6,9 @@ import functools
 import pytest
 
 from conformance import vectors
-from reference.cache_file import load_cache
-from reference.ngram_cache import NgramCache
-from reference.tokens import read_tokens
+from reference.ngram.cache_file import load_cache
+from reference.ngram.cache import NgramCache
+from reference.ngram.tokens import read_tokens
 
 
 @functools.cache

@@ -1,4 +1,4 @@
-"""``--backend mlx``: the MLX backend (``mlx_backend.api`` for n-grams, ``mlx_backend.generate`` for
+"""``--backend mlx``: the MLX backend (``mlx_backend.ngram.api`` for n-grams, ``mlx_backend.decode.generate`` for
 speculative generation of mlx-lm models) through the conformance protocol. Plain decoding is
 mlx-lm's own ``generate_step``, so greedy equivalence is checked against mlx-lm itself."""
 from __future__ import annotations
@@ -18,12 +18,12 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from transformers import PreTrainedTokenizerFast
 
-from mlx_backend.generate import SpecStats, ngram_speculative_generate_step, vocab_size
-from mlx_backend.generate import stream_generate as spec_stream_generate
-from mlx_backend.rollback import VerifyCache
-from mlx_backend.sampling import Sampler
+from mlx_backend.decode.generate import SpecStats, ngram_speculative_generate_step, vocab_size
+from mlx_backend.decode.generate import stream_generate as spec_stream_generate
+from mlx_backend.decode.rollback import VerifyCache
+from mlx_backend.decode.sampling import Sampler
 
-from mlx_backend.api import (  # noqa: F401  (protocol members)
+from mlx_backend.ngram.api import (  # noqa: F401  (protocol members)
     NgramDrafter,
     build_static,
     cache_entries,
@@ -76,7 +76,7 @@ def _tokenizer(n_vocab: int, eos: tuple[int, ...]) -> TokenizerWrapper:
 
 
 def stream_generate(model, prompt, max_tokens=None, drafter=None, draft_max=4, eos=()):
-    """mlx-lm's ``stream_generate`` API: ``mlx_backend.generate.stream_generate`` with a drafter, else
+    """mlx-lm's ``stream_generate`` API: ``mlx_backend.decode.generate.stream_generate`` with a drafter, else
     mlx-lm's own; ``max_tokens`` None leaves the function's default."""
     tokenizer = _tokenizer(vocab_size(model), tuple(eos))
     limit = {} if max_tokens is None else {"max_tokens": max_tokens}

@@ -1,11 +1,11 @@
-"""``--backend reference``: the NumPy reference (``reference.api``, ``reference.models``,
+"""``--backend reference``: the NumPy reference (``reference.ngram.api``, ``reference.models``,
 ``reference.speculative``) through the conformance protocol. The reference generates greedily
 only, so it has no ``sample_step`` and the sampling area is not applicable to it."""
 from __future__ import annotations
 
 import numpy as np
 
-from reference.api import (  # noqa: F401  (protocol members)
+from reference.ngram.api import (  # noqa: F401  (protocol members)
     NgramDrafter,
     build_static,
     cache_entries,
@@ -14,7 +14,7 @@ from reference.api import (  # noqa: F401  (protocol members)
     replay,
     save_cache,
 )
-from reference.cli.model import REFERENCE_DRAFT_MAX
+from reference.speculative import REFERENCE_DRAFT_MAX
 from reference.models import load_model  # noqa: F401
 from reference.speculative import greedy_generate, speculative_generate
 

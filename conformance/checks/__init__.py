@@ -9,3 +9,9 @@ from conformance.checks import (  # noqa: F401
     sampling,
     thresholds,
 )
+from conformance.registry import Check, registered
+
+
+def all_checks() -> list[Check]:
+    """Every check, in area order then definition order."""
+    return registered()

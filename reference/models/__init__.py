@@ -2,7 +2,7 @@
 ``llama`` models, with the per-layer state, its checkpoint / rollback, and ``keep(m)``.
 
 >>> import tempfile
->>> from reference.tiny import write_tiny_model
+>>> from reference.models.tiny import write_tiny_model
 >>> model = load_model(write_tiny_model(tempfile.mkdtemp(), "qwen3_5", seed=0))
 >>> cache = model.make_cache()
 >>> logits = model.forward([1, 2, 3, 4], cache)   # a verify forward over S = 4 tokens

@@ -1,0 +1,173 @@
+"""``ngram-spec generate --backend mlx``: n-gram speculation on a real mlx-lm model (the parser and the
+argument checks are :mod:`mlx_backend.cli.generate`'s)."""
+from __future__ import annotations
+
+import faulthandler
+import json
+import sys
+import threading
+
+import mlx.core as mx
+
+from mlx_backend.cli.demo import describe_costs
+from mlx_backend.cli.generate_record import generation_record
+from mlx_backend.cli.prompts import prompt_tokens
+from mlx_backend.machine.blas import blas_in_use, ensure_fast_blas
+from mlx_backend.models.loading import load_model
+
+
+PREFILL_STEP_SIZE = 2048  # prompt tokens per prefill forward, both modes (mlx_lm.generate's default)
+
+
+def _warm_drafter() -> None:
+    """Import the n-gram drafter and run it once, so that its compiled loops are loaded."""
+    from mlx_backend.ngram.default import default_drafter
+
+    drafter = default_drafter()
+    drafter.reset([0, 1, 0, 1])
+    drafter.draft(2)
+
+
+def context_drafter():
+    """The drafter of a one-shot ``generate`` with no static or dynamic cache: the reference's, over the
+    context cache alone. It follows the same rules as the array tables (the conformance suite holds both
+    to them) and does this run's whole drafting work in less time than loading the tables' compiled
+    loops takes (numba: 0.5-0.9 s per process on the 2-core build machine, against 4 us per prompt
+    token and 20-35 us per step for the reference's, measured with contexts of 100 to 20,000 tokens)."""
+    from reference.ngram.api import NgramDrafter
+
+    return NgramDrafter()
+
+
+def run_generate(args) -> int:
+    """``ngram-spec generate --backend mlx`` (the parser and the argument checks are mlx_backend/cli/generate.py's)."""
+    if sys.argv[1:2] == ["generate"]:  # only when this process is `ngram-spec generate` (not called in-process);
+        faulthandler.enable(all_threads=True)  # a native crash (e.g. SIGILL in a BLAS) names its signal and stack
+        ensure_fast_blas(sys.argv[1:], getattr(args, "blas", None))  # first: the re-run imports mlx-lm again
+    import math
+
+    from mlx_backend.decode.draft_policy import DEFAULT_K_MAX
+    from mlx_backend.decode.generate import SpecStats
+    from mlx_backend.ngram.dynamic_cache import save_dynamic
+
+    model, tokenizer, desc, shard = _load(args)
+    prompt = _prompt(args, model, tokenizer, shard)
+    responses, stats, drafter, c_dyn = _responses(args, model, tokenizer, prompt, shard)
+    tokens, text, last = [], [], None
+    for last in responses:
+        tokens.append(int(last.token))
+        text.append(last.text)
+        if not args.json:
+            print(last.text, end="", flush=True)
+    n_emitted = len(tokens)
+    if tokens and last.finish_reason == "stop":
+        tokens.pop()  # the EOS token, not part of the text (mlx-lm's convention)
+    if shard:
+        shard.check()
+        shard.close()
+    if drafter is not None and args.dynamic and (shard is None or shard.rank == 0):
+        save_dynamic(args.dynamic, c_dyn, drafter.c_ctx)
+        print(f"saved the dynamic cache to {args.dynamic}", file=sys.stderr)
+    if not args.no_spec and args.draft_max is None:
+        print(describe_costs(model, "[generate] draft length: cost-aware; "), file=sys.stderr)
+    if args.no_spec:   # mlx-lm's generate_step: the prompt but its last token in chunks, then one step a token
+        stats = SpecStats(steps=n_emitted, n_forward=n_emitted + math.ceil((len(prompt) - 1) / PREFILL_STEP_SIZE))
+    draft_max, policy = ((0, "none") if args.no_spec else (DEFAULT_K_MAX, "auto") if args.draft_max is None
+                         else (args.draft_max, "fixed"))
+    record = generation_record(
+        backend="mlx", model=desc, blas=blas_in_use(), spec=not args.no_spec, draft_max=draft_max,
+        draft_policy=policy, prompt=prompt, tokens=tokens, text="".join(text), finish_reason=last.finish_reason,
+        stats=stats, n_emitted=n_emitted, prompt_tps=last.prompt_tps, generation_tps=last.generation_tps)
+    if args.json:
+        print(json.dumps(record))
+    else:
+        _print_summary(args, record, prompt, tokens, stats, f"draft max {draft_max} ({policy})", desc)
+    return 0
+
+
+def _load(args):
+    """The model, its tokenizer (with --extra-eos-token), a description, and the sharded run under
+    ``mlx.launch --shard`` (else None); the drafter's compiled loops load meanwhile when needed."""
+    dtype = None if args.dtype in (None, "auto") else args.dtype
+    if dtype == "float64":
+        raise ValueError("--dtype float64 is for --backend reference; mlx takes quantized, float32, float16, bfloat16")
+    if args.seed is not None:
+        mx.random.seed(args.seed)
+    if not args.no_spec and (args.static or args.dynamic):   # the tables' compiled loops load with the model
+        threading.Thread(target=_warm_drafter, daemon=True).start()
+    shard = None
+    if getattr(args, "shard", None):   # under mlx.launch: see mlx_backend/distributed/sharded.py
+        from mlx_backend.distributed.sharded import cli_run
+
+        shard = cli_run(args.shard_timeout)
+    model, tokenizer, desc = (shard.load(args.model, args.shard, dtype, "ngram-spec generate") if shard
+                              else load_model(args.model, dtype))
+    if args.max_kv_size is not None and hasattr(model, "make_cache"):
+        raise ValueError(f"--max-kv-size: {desc} makes its own caches (model.make_cache), so mlx-lm's "
+                         "make_prompt_cache ignores max_kv_size for it; drop --max-kv-size")
+    for token in args.extra_eos_token:
+        tokenizer.add_eos_token(token)
+    return model, tokenizer, desc, shard
+
+
+def _prompt(args, model, tokenizer, shard) -> list[int]:
+    """The prompt's token ids (--prompt-tokens, or --prompt through the chat template), checked against
+    the model's vocabulary before any forward (an id past the embedding is garbage or a crash)."""
+    from mlx_backend.decode.generate import check_prompt
+
+    if args.prompt_tokens is not None:
+        from reference.ngram.tokens import read_tokens
+
+        prompt = [int(t) for t in read_tokens(args.prompt_tokens)]
+    elif args.prompt is not None:
+        prompt = prompt_tokens(tokenizer, args.prompt, chat_template=not args.ignore_chat_template,
+                               system_prompt=args.system_prompt)
+    else:
+        raise ValueError("give the prompt as --prompt TEXT or --prompt-tokens FILE")
+    if shard:
+        prompt = shard.prompt(prompt)
+    check_prompt(prompt, model)
+    return prompt
+
+
+def _responses(args, model, tokenizer, prompt, shard):
+    """mlx-lm's ``GenerationResponse`` stream: plain (--no-spec, mlx-lm's own stream_generate) or with
+    n-gram speculation; with the run's counters, its drafter and dynamic cache."""
+    from mlx_lm.generate import stream_generate as plain_stream_generate
+    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.sample_utils import make_sampler
+
+    from mlx_backend.decode.generate import SpecStats, stream_generate
+    from mlx_backend.ngram.default import default_drafter
+    from mlx_backend.ngram.dynamic_cache import load_dynamic
+    from reference.ngram.ours_file import check_file_tokenizer
+
+    sampler = make_sampler(args.temp, args.top_p, args.min_p, args.min_tokens_to_keep, top_k=args.top_k)
+    common = dict(max_tokens=args.max_tokens, sampler=sampler, prefill_step_size=PREFILL_STEP_SIZE,
+                  prompt_cache=make_prompt_cache(model, args.max_kv_size))
+    stats = SpecStats()
+    if args.no_spec:
+        return plain_stream_generate(model, tokenizer, mx.array(prompt), **common), stats, None, None
+    check_file_tokenizer(tokenizer, args.static, args.dynamic)
+    c_dyn = load_dynamic(args.dynamic) if args.dynamic else None
+    drafter = default_drafter(c_st=args.static, c_dyn=c_dyn) if args.static or args.dynamic else context_drafter()
+    spec = dict(model=model, sampler=sampler, draft_max=args.draft_max, drafter=drafter)
+    if shard:
+        spec = shard.spec_kwargs(model, sampler=sampler, draft_max=args.draft_max, drafter=drafter,
+                                 c_st=args.static, c_dyn=args.dynamic)
+    responses = stream_generate(tokenizer=tokenizer, prompt=mx.array(prompt), stats=stats, **{**common, **spec})
+    return responses, stats, drafter, c_dyn
+
+
+def _print_summary(args, record: dict, prompt, tokens, stats, draft: str, desc: str) -> None:
+    """mlx_lm.generate's statistics after the text (--verbose), plus the speculation's."""
+    print()
+    if not args.verbose:
+        return
+    print("==========")
+    print(f"Prompt: {len(prompt)} tokens, {record['prompt_tps']:.1f} tokens-per-sec")
+    print(f"Generation: {len(tokens)} tokens, {record['generation_tps']:.1f} tokens-per-sec")
+    if not args.no_spec:
+        print(f"Speculative: {stats.steps} steps, {record['tokens_per_forward']:.2f} tokens per step, "
+              f"drafted {stats.n_drafted}, accepted {stats.n_accept} ({stats.accept:.0f} %), {draft}")
+    print(f"Backend: mlx, model: {desc}, BLAS: {record['blas']}")

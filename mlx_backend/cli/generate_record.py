@@ -1,0 +1,27 @@
+"""What ``generate`` reports on both backends: the ``--json`` record (one set of keys), and the
+reference's dynamic cache saved atomically."""
+from __future__ import annotations
+
+import sys
+
+
+def generation_record(*, backend: str, model: str, blas: str, spec: bool, draft_max: int, draft_policy: str,
+                      prompt: list[int], tokens: list[int], text, finish_reason: str, stats, n_emitted: int,
+                      prompt_tps: float, generation_tps: float) -> dict:
+    """``generate --json``'s record, one set of keys for both backends (``stats``: either SpecStats).
+
+    ``n_emitted`` counts the generated tokens with a final EOS; ``tokens_per_forward`` is it per step."""
+    return {"backend": backend, "model": model, "blas": blas, "spec": spec, "draft_max": draft_max,
+            "draft_policy": draft_policy, "prompt_tokens": len(prompt), "tokens": tokens, "text": text,
+            "finish_reason": finish_reason, "steps": stats.steps, "n_forward": stats.n_forward,
+            "n_drafted": stats.n_drafted, "n_accept": stats.n_accept, "accept": round(stats.accept, 2),
+            "tokens_per_forward": round(n_emitted / stats.steps, 4), "prompt_tps": round(prompt_tps, 2),
+            "generation_tps": round(generation_tps, 2)}
+
+
+def save_dynamic(cache, path: str) -> None:
+    """Write ``cache`` atomically (``save_cache`` uses reference.atomic): never a half-written cache."""
+    from reference.ngram.cache_file import save_cache
+
+    save_cache(cache, path)
+    print(f"saved the dynamic cache to {path}", file=sys.stderr)

@@ -1,0 +1,361 @@
+"""``ngram-spec create | stats | merge | inspect``: llama.cpp's lookup-create, lookup-stats and
+lookup-merge on token files, and a look inside cache files.
+
+Token files are raw little-endian int32 (``.i32``) or ``.npy`` (``.xz`` is decompressed on the fly);
+cache files use llama.cpp's ``common_ngram_cache_save`` format. ``--backend`` picks the
+implementation (``reference`` = the readable NumPy/Python one; ``mlx`` = the fast one).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import inspect
+import json
+import sys
+import time
+from pathlib import Path
+
+from reference.atomic import atomic_write, check_outputs
+from mlx_backend.machine.backends import BACKENDS, DEFAULT_HELP, get_backend
+from mlx_backend.cli import UserError
+from mlx_backend.cli.progress import bar
+from reference.ngram.draft import SCORES
+from reference.ngram.ours_file import tokenizer_fingerprint
+from reference.ngram.replay import check_replay_args
+
+DRAFT_DUMP_HEADER = "# pos k draft_1..draft_k  (pos = index in the token file of the token draft_1 predicts)\n"
+
+
+def register(subparsers) -> None:
+    fmt = argparse.RawDescriptionHelpFormatter
+
+    p = subparsers.add_parser(
+        "create", formatter_class=fmt, help="build a static n-gram cache (llama-lookup-create)",
+        description="Build a static cache: the counts of every (2-gram, next token) of INPUT, like\n"
+                    "llama-lookup-create. INPUT is a token file (.i32 raw little-endian int32, .npy), or a\n"
+                    "UTF-8 text file when --tokenizer is given.\n\n"
+                    "example: ngram-spec create corpus.i32 -o static.bin\n"
+                    "         ngram-spec create corpus.txt --tokenizer path/to/tokenizer.json -o static.bin")
+    p.add_argument("input", metavar="INPUT", help="token file, or text file with --tokenizer")
+    p.add_argument("-o", "--output", required=True, metavar="OUTPUT", help="cache file to write")
+    p.add_argument("--tokenizer", metavar="PATH",
+                   help="tokenize INPUT as text with this tokenizer: a Hugging Face tokenizer.json (or its directory), "
+                        "or a .gguf model file")
+    p.add_argument("--no-special", action="store_true",
+                   help="with --tokenizer: do not add special tokens such as BOS (llama.cpp adds them)")
+    p.add_argument("--tokens-out", metavar="FILE", help="also write the tokens of INPUT to FILE (.i32 or .npy)")
+    add_format_arg(p)
+    add_backend_arg(p)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (it shows only on a terminal)")
+    p.set_defaults(func=cmd_create)
+
+    p = subparsers.add_parser(
+        "stats", formatter_class=fmt, help="replay a token file and count drafted/accepted tokens (llama-lookup-stats)",
+        description="Replay TOKENS as if a model had generated them, drafting with llama.cpp's n-gram\n"
+                    "caches before every token, like llama-lookup-stats: the stream is cut into\n"
+                    "floor((N-1)/n_ctx) chunks; each chunk starts with an empty context cache, which is merged\n"
+                    "into the dynamic cache afterwards. Reports drafted and accepted tokens, the acceptance\n"
+                    "rate, and the drafting time per drafted token.\n\n"
+                    "example: ngram-spec stats text.i32 --static static.bin --n-ctx 4096 --n-draft 16 --json")
+    p.add_argument("tokens", metavar="TOKENS", help="token file to replay (.i32, .npy)")
+    p.add_argument("--static", metavar="FILE", help="static cache file (2-grams, from `create`); lookup-stats -lcs")
+    p.add_argument("--dynamic", metavar="FILE", help="dynamic cache file loaded at start; lookup-stats -lcd")
+    p.add_argument("--n-ctx", type=int, default=4096,
+                   help="chunk length, the model context (default: %(default)s). llama-lookup-stats chunks by "
+                        "llama_n_ctx(), its -c rounded up (to a multiple of 256 in current llama.cpp): to "
+                        "reproduce `-c 1000`, pass --n-ctx 1024")
+    p.add_argument("--n-draft", "--draft-max", type=int, default=16,
+                   help="maximum tokens per draft (alias --draft-max, the name generate uses; default: %(default)s)")
+    p.add_argument("--score", choices=SCORES, default="exact",
+                   help="score arithmetic: exact integers (default), or int32 = llama.cpp's wrapping 32-bit "
+                        "product (identical unless a product exceeds 2**31-1)")
+    p.add_argument("--drafts-out", metavar="FILE",
+                   help="write one line 'pos k d_1 .. d_k' per draft call (the conformance vectors' dump format)")
+    p.add_argument("--save-dynamic", metavar="FILE",
+                   help="save the dynamic cache after the replay (the --dynamic one plus every replayed chunk)")
+    p.add_argument("--json", action="store_true",
+                   help="print a JSON summary (with the backend that ran) instead of lookup-stats' lines")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (it shows only on a terminal)")
+    add_format_arg(p)
+    add_backend_arg(p)
+    p.set_defaults(func=cmd_stats)
+
+    p = subparsers.add_parser(
+        "merge", formatter_class=fmt, help="sum the counts of cache files (llama-lookup-merge)",
+        description="Merge cache files: the counts of equal (n-gram, token) pairs are summed, like\n"
+                    "llama-lookup-merge. The result does not depend on the order of the inputs.\n\n"
+                    "example: ngram-spec merge a.bin b.bin -o merged.bin")
+    p.add_argument("inputs", nargs="+", metavar="INPUT", help="cache files")
+    p.add_argument("-o", "--output", required=True, metavar="OUTPUT", help="cache file to write")
+    add_format_arg(p)
+    add_backend_arg(p)
+    p.set_defaults(func=cmd_merge)
+
+    p = subparsers.add_parser(
+        "inspect", formatter_class=fmt, help="show what a cache file holds",
+        description="Summarize a cache file: n-grams, (n-gram, follower) entries and the sum of counts\n"
+                    "per n-gram size, how many followers the n-grams have, and the most frequent entries.\n\n"
+                    "example: ngram-spec inspect static.bin --top 5")
+    p.add_argument("file", metavar="FILE", help="cache file")
+    p.add_argument("--top", type=int, default=10, help="how many top entries to list (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="print JSON (with the backend that ran)")
+    add_backend_arg(p)
+    p.set_defaults(func=cmd_inspect)
+
+
+def add_format_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--format", choices=("llama", "ours"), default="llama",
+                   help="format of the cache file written: llama (llama.cpp's, default) or ours (memory-mapped, "
+                        "docs/cache-format.md; written by --backend mlx). Either backend reads either format.")
+
+
+def add_backend_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", default=None, metavar="NAME",
+                   help=f"implementation to use: {' or '.join(sorted(BACKENDS))} (or module.path:object "
+                        f"exporting the same API; {DEFAULT_HELP}); the one that ran is named in the output")
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+def load_tokenizer(path: str):
+    """A Hugging Face tokenizer (``encode(text, add_special_tokens=...)``, ``get_vocab()``) from a
+    ``tokenizer.json`` (or a directory holding one), or from the vocabulary stored in a ``.gguf`` model file."""
+    p = Path(path)
+    if p.suffix == ".gguf":
+        try:
+            from mlx_backend.models.tokenizer import load_gguf_tokenizer
+        except ImportError as exc:
+            raise UserError(f"a .gguf tokenizer needs the mlx extra ({exc}): pip install 'ngram-spec[mlx]'") from exc
+        return load_gguf_tokenizer(p)._tokenizer
+    file = p / "tokenizer.json" if p.is_dir() else p
+    if not file.is_file():
+        raise UserError(f"tokenizer {path}: no tokenizer.json found (pass the file, the directory holding it, "
+                        "or a .gguf model file)")
+    try:
+        from tokenizers import Tokenizer
+    except ImportError as exc:
+        raise UserError("--tokenizer needs the 'tokenizers' package: pip install tokenizers") from exc
+    try:
+        return Tokenizer.from_file(str(file))
+    except Exception as exc:  # the library raises its own exception type
+        raise UserError(f"tokenizer {file}: cannot load it ({exc})") from exc
+
+
+def encode(tokenizer, text: str, add_special: bool) -> list[int]:
+    """``text`` as token ids (a ``tokenizers.Tokenizer`` returns an Encoding, transformers' a list)."""
+    ids = tokenizer.encode(text, add_special_tokens=add_special)
+    return ids if isinstance(ids, list) else ids.ids
+
+
+def dump_line(pos: int, drafts: list[int]) -> str:
+    """One draft call in the conformance vectors' dump format: ``pos k d_1 .. d_k`` and LF."""
+    return " ".join(map(str, [pos, len(drafts), *drafts])) + "\n"
+
+
+def backend_name(backend) -> str:
+    return getattr(backend, "NAME", backend.__name__)
+
+
+def check_input_file(path: str, what: str = "") -> None:
+    """A user-given input path must be a file: say "is a directory" or "no such file" (one line)."""
+    if Path(path).is_dir():
+        raise UserError(f"{what} {path}: is a directory, not a file".lstrip())
+    if not Path(path).is_file():
+        raise UserError(f"{what} {path}: no such file".lstrip())
+
+
+def read_input_tokens(backend, path: str):
+    check_input_file(path)
+    return backend.read_tokens(path)
+
+
+def load_cache_file(backend, path: str, what: str = ""):
+    check_input_file(path, f"{what} cache file".lstrip())
+    if "progress" in inspect.signature(backend.load_cache).parameters:  # the reference parses the whole file
+        return backend.load_cache(path, progress=bar(f"load {Path(path).name}", "B"))
+    return backend.load_cache(path)
+
+
+def check_format(backend, fmt: str, flag: str = "--format") -> None:
+    """Before any work: only the mlx backend writes our format."""
+    if fmt != "llama" and not hasattr(backend, "detect_format"):
+        raise UserError(f"{flag} {fmt} needs --backend mlx")
+
+
+def save_cache_file(backend, cache, path: str, fmt: str) -> None:
+    if fmt == "llama":
+        backend.save_cache(cache, path)
+    else:  # the mlx backend writes both formats (check_format)
+        backend.save_cache(cache, path, format=fmt)
+
+
+def cache_rows(backend, cache) -> list[tuple[int, ...]]:
+    return backend.cache_entries(cache)
+
+
+def check_static(backend, cache, path: str) -> None:
+    """A static cache holds 2-grams only (llama-lookup-create); anything else is a mistake."""
+    sizes = cache.sizes() if hasattr(cache, "sizes") else {row[0] for row in cache_rows(backend, cache)}
+    if sizes - {2}:
+        raise UserError(f"static cache {path} holds n-grams of sizes {sorted(sizes)}; a static cache must hold "
+                        "2-grams only (make it with `ngram-spec create`; pass other caches as --dynamic)")
+
+
+# --- commands ------------------------------------------------------------------------------------
+
+def cmd_create(args) -> int:
+    backend = get_backend(args.backend)
+    check_format(backend, args.format)
+    check_outputs({"-o": args.output, "--tokens-out": args.tokens_out}, inputs=[args.input, args.tokenizer])
+    tokenizer = None
+    if args.tokenizer:
+        tokenizer = load_tokenizer(args.tokenizer)
+        check_input_file(args.input)
+        try:
+            text = Path(args.input).read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise UserError(f"{args.input}: not UTF-8 text ({exc}); token files need no --tokenizer") from exc
+        tokens = encode(tokenizer, text, not args.no_special)
+    else:
+        if Path(args.input).suffix in (".txt", ".md", ".rst", ".text"):
+            raise UserError(f"{args.input} looks like a text file: pass --tokenizer PATH to tokenize it")
+        tokens = read_input_tokens(backend, args.input)
+    if args.tokens_out:
+        from reference.ngram.tokens import write_tokens
+        write_tokens(args.tokens_out, tokens)
+    t0 = time.perf_counter()
+    cache = backend.build_static(tokens, progress=bar("create", "tok", False if args.no_progress else None))
+    if tokenizer is not None and args.format == "ours":  # recorded, so the cache is refused with another tokenizer
+        cache.vocab_size, cache.fingerprint = tokenizer_fingerprint(tokenizer)
+    save_cache_file(backend, cache, args.output, args.format)
+    print(f"{args.output}: {len(cache)} 2-grams, {cache.n_entries()} entries from {len(tokens)} tokens "
+          f"({time.perf_counter() - t0:.2f} s, backend {backend_name(backend)})", file=sys.stderr)
+    return 0
+
+
+def cmd_stats(args) -> int:
+    try:
+        check_replay_args(args.n_ctx, args.n_draft)
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
+    backend = get_backend(args.backend)
+    if args.save_dynamic:
+        check_format(backend, args.format)
+    check_outputs({"--save-dynamic": args.save_dynamic, "--drafts-out": args.drafts_out},
+                  inputs=[args.tokens, args.static, args.dynamic])
+    tokens = read_input_tokens(backend, args.tokens)
+    t0 = time.perf_counter()
+    c_st = load_cache_file(backend, args.static, "static") if args.static else None
+    c_dyn = load_cache_file(backend, args.dynamic, "dynamic") if args.dynamic else None
+    load_ms = 1e3 * (time.perf_counter() - t0)  # t_draft_flat of lookup-stats
+    if c_st is not None:
+        check_static(backend, c_st, args.static)
+
+    extra = {}
+    if "progress" in inspect.signature(backend.replay).parameters:
+        extra["progress"] = bar("replay", "tok", False if args.no_progress else None)  # None: a terminal only
+    if args.drafts_out:  # compile the replay (numba, on a first run) before the dump's temporary file exists: a
+        # signal is handled between Python bytecodes, so SIGTERM during a long compile would wait for it
+        backend.replay(tokens[:3], n_ctx=2, n_draft=1, c_st=c_st, on_draft=lambda pos, drafts: None, score=args.score)
+    with contextlib.ExitStack() as files:
+        dump = files.enter_context(atomic_write(args.drafts_out, "w", newline="\n")) if args.drafts_out else None
+        if dump is not None:
+            dump.write(f"# variant={backend_name(backend)} n_ctx={args.n_ctx} n_draft={args.n_draft} "
+                       f"static={args.static or ''} dynamic={args.dynamic or ''}\n")
+            dump.write(DRAFT_DUMP_HEADER)
+        on_draft = (lambda pos, drafts: dump.write(dump_line(pos, drafts))) if dump is not None else None
+        stats = backend.replay(tokens, n_ctx=args.n_ctx, n_draft=args.n_draft, c_st=c_st, c_dyn=c_dyn,
+                               on_draft=on_draft, score=args.score, **extra)
+    if args.save_dynamic:
+        save_cache_file(backend, stats.c_dyn, args.save_dynamic, args.format)
+
+    N = len(tokens)
+    if stats.n_chunks == 0:  # not an error (llama-lookup-stats prints zeros too), but never silent
+        print(f"ngram-spec stats: note: nothing replayed: {args.tokens} has {N} tokens, a chunk needs "
+              f"n_ctx + 1 = {args.n_ctx + 1}; pass a smaller --n-ctx", file=sys.stderr)
+    summary = {
+        "n_input": N, "n_ctx": args.n_ctx, "n_draft": args.n_draft, "n_chunks": stats.n_chunks,
+        "tokens_replayed": stats.n_chunks * args.n_ctx, "n_predict": N - N % args.n_ctx,
+        "n_draft_calls": stats.n_draft_calls, "n_drafted": stats.n_drafted, "n_accept": stats.n_accept,
+        "accept": stats.accept, "t_draft_us": stats.t_draft_us,
+        "us_per_drafted_token": stats.us_per_drafted_token, "load_ms": load_ms,
+        "backend": backend_name(backend), "score": args.score,
+    }
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:  # the lines llama-lookup-stats prints (lookup-stats.cpp:143-150)
+        t_draft_ms = stats.t_draft_us / 1e3
+        tps = stats.n_drafted / (t_draft_ms / 1e3) if t_draft_ms else 0.0
+        print(f"n_draft      = {args.n_draft}\n"
+              f"n_predict    = {summary['n_predict']}\n"
+              f"n_drafted    = {stats.n_drafted}\n"
+              f"t_draft_flat = {load_ms:.2f} ms\n"
+              f"t_draft      = {t_draft_ms:.2f} ms, {stats.us_per_drafted_token:.2f} us per token, "
+              f"{tps:.2f} tokens per second\n"
+              f"n_accept     = {stats.n_accept}\n"
+              f"accept       = {stats.accept:.3f}%")
+    return 0
+
+
+def cmd_merge(args) -> int:
+    backend = get_backend(args.backend)
+    check_format(backend, args.format)
+    check_outputs({"-o": args.output}, inputs=args.inputs)
+    caches = [load_cache_file(backend, path, "input") for path in args.inputs]
+    merged = backend.merge_caches(caches)
+    save_cache_file(backend, merged, args.output, args.format)
+    print(f"{args.output}: {merged.n_entries()} entries, total count {merged.total()} "
+          f"from {len(args.inputs)} file(s) (backend {backend_name(backend)})", file=sys.stderr)
+    return 0
+
+
+def describe(rows: list[tuple[int, ...]], top: int) -> dict:
+    """Per-size totals, the follower distribution and the top entries of canonical cache rows."""
+    per_n: dict[int, dict[str, int]] = {}
+    followers: collections.Counter = collections.Counter()  # n-gram (n, t0..t3) -> number of followers
+    for n, *slots, token, count in rows:
+        d = per_n.setdefault(n, {"ngrams": 0, "entries": 0, "sum_counts": 0})
+        d["entries"] += 1
+        d["sum_counts"] += count
+        followers[(n, *slots)] += 1
+    for key in followers:
+        per_n[key[0]]["ngrams"] += 1
+    hist = collections.Counter(followers.values())
+    top_rows = sorted(rows, key=lambda r: (-r[6], r))[:top]
+    return {
+        "ngrams": len(followers), "entries": len(rows), "sum_counts": sum(r[6] for r in rows),
+        "per_n": {str(n): per_n[n] for n in sorted(per_n)},
+        "followers": {
+            "max": max(hist) if hist else 0,
+            "mean": len(rows) / len(followers) if followers else 0.0,
+            "ngrams_with_1": hist.get(1, 0),
+            "histogram": {str(k): hist[k] for k in sorted(hist)[:20]},
+        },
+        "top": [{"ngram": [t for t in r[1:5] if t != -1], "token": r[5], "count": r[6]} for r in top_rows],
+    }
+
+
+def cmd_inspect(args) -> int:
+    if args.top < 0:
+        raise UserError(f"--top must be >= 0, got {args.top}")
+    backend = get_backend(args.backend)
+    cache = load_cache_file(backend, args.file)
+    summary = (backend.describe_cache(cache, args.top) if hasattr(backend, "describe_cache")
+               else describe(cache_rows(backend, cache), args.top))
+    info = {"file": args.file, "backend": backend_name(backend), **summary}
+    if args.json:
+        print(json.dumps(info, indent=1))
+        return 0
+    print(f"{args.file}: {info['ngrams']} n-grams, {info['entries']} entries, total count {info['sum_counts']}")
+    print(" n   n-grams   entries  sum of counts")
+    for n, d in info["per_n"].items():
+        print(f" {n} {d['ngrams']:9d} {d['entries']:9d} {d['sum_counts']:14d}")
+    f = info["followers"]
+    print(f"followers per n-gram: mean {f['mean']:.2f}, max {f['max']}, "
+          f"{f['ngrams_with_1']} n-grams with exactly one")
+    if info["top"]:
+        print("top entries (n-gram -> token: count):")
+        for e in info["top"]:
+            print(f"  ({', '.join(map(str, e['ngram']))}) -> {e['token']}: {e['count']}")
+    return 0

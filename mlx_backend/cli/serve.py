@@ -1,0 +1,115 @@
+"""``ngram-spec serve``: the command line of :mod:`mlx_backend.serve.server`.
+
+Every ``ngram-spec`` command builds the whole parser, so registering ``serve`` must not import the
+server (mlx_lm.server, the n-gram tables and their compiled loops: about 0.5-1 s); it is imported
+when ``serve`` runs.
+"""
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import importlib.util
+import json
+import sys
+
+import mlx.core  # noqa: F401  (without mlx or mlx-lm, mlx_backend.cli lists `serve` with the install hint)
+
+from mlx_backend.machine.blas import add_option as add_blas_option
+
+if importlib.util.find_spec("mlx_lm") is None:
+    raise ModuleNotFoundError("No module named 'mlx_lm'", name="mlx_lm")
+
+
+def _size(text: str) -> int:
+    """A size in bytes as mlx_lm.server reads it (``--prompt-cache-bytes``); anything else is one usage
+    error (mlx-lm's parser raises decimal or key errors, which argparse would show as a traceback)."""
+    from mlx_lm.server import _parse_size
+
+    try:
+        return _parse_size(text)
+    except (ArithmeticError, KeyError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size: a number of bytes, optionally with M, MB, G "
+                                         f"or GB (e.g. 512M, 8G)") from exc
+
+
+def check_args(args) -> None:
+    """The checks the parser cannot make, before anything is loaded (or re-run with a fast BLAS)."""
+    if args.max_tokens < 1:
+        raise ValueError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    if args.draft_max is not None and args.draft_max < 0:
+        raise ValueError(f"--draft-max must be >= 0 (0: plain decoding), got {args.draft_max}")
+    if not 0 < args.port < 65536:
+        raise ValueError(f"--port must be in 1..65535, got {args.port}")
+
+
+def run_serve(args) -> int:
+    check_args(args)
+    if sys.argv[1:2] == ["serve"]:  # this process is `ngram-spec serve` (not called in-process): re-run with
+        from mlx_backend.machine.blas import ensure_fast_blas  # a fast BLAS before mlx-lm's server is imported
+
+        # a native crash (SIGILL from a BLAS built for another CPU, SIGSEGV, ...) cannot be caught: the log
+        # then names the signal and every thread's Python stack, and the process dies by the signal
+        faulthandler.enable(file=sys.stderr, all_threads=True)
+        ensure_fast_blas(sys.argv[1:], args.blas)
+    from mlx_backend.serve.server import run_serve as serve
+
+    return serve(args)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "serve", formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="an OpenAI-compatible HTTP server (mlx_lm.server) generating with n-gram speculation",
+        description=(
+            "Serve a model over HTTP with mlx-lm's own OpenAI-compatible server (/v1/chat/completions,\n"
+            "/v1/completions, streaming, chat templates, tool calls, prompt-cache reuse), generating with n-gram\n"
+            "speculation. Greedy output is plain greedy output, token for token. Per request: \"speculative\":\n"
+            "false, \"draft_max\" (alias \"n_draft\"), \"user\" (dynamic-cache scope). Speculation metrics in\n"
+            "every response (usage.completion_tokens_details, timings); totals at GET /v1/stats.\n\n"
+            "examples:\n  ngram-spec serve\n  ngram-spec serve --port 8081 --dynamic dyn.ngram\n"
+            "  curl localhost:8080/v1/chat/completions -H 'Content-Type: application/json' \\\n"
+            "    -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Repeat: a b c a b c\"}]}'"),
+    )
+    p.add_argument("--backend", choices=("mlx",), default="mlx",
+                   help="mlx only: the server is mlx_lm.server (accepted, like every command's --backend)")
+    p.add_argument("--model", metavar="PATH",
+                   help="a .gguf file (llama architecture) or an mlx-lm model directory (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--dtype", choices=("auto", "quantized", "float32", "float16", "bfloat16"), default="auto",
+                   help="weights of a GGUF model (default: float32 on the CPU, quantized on a GPU)")
+    p.add_argument("--host", default="127.0.0.1", help="host to listen on (default: %(default)s)")
+    p.add_argument("--port", type=int, default=8080, help="port to listen on (default: %(default)s)")
+    p.add_argument("--draft-max", type=int, default=None, metavar="K",
+                   help="drafts per step by default (0: plain decoding; default: the cost-aware choice)")
+    p.add_argument("--no-spec", action="store_true", help="serve plainly (mlx-lm's own generation) by default")
+    p.add_argument("--static", metavar="FILE", help="a static n-gram cache (ngram-spec create), read only")
+    p.add_argument("--dynamic", metavar="PATH",
+                   help="keep the dynamic n-gram cache in this file (with --dynamic-scope user: this directory): "
+                        "loaded at start, saved atomically every --save-every requests and on shutdown "
+                        "(default: learned in memory only)")
+    p.add_argument("--dynamic-scope", choices=("server", "user"), default="server",
+                   help="one dynamic cache for all requests, or one per request `user` field so one user's text "
+                        "is never drafted into another's answer (default: %(default)s)")
+    p.add_argument("--save-every", type=int, default=20, metavar="N",
+                   help="save the dynamic cache every N completed requests (default: %(default)s)")
+    p.add_argument("--ctx-size", type=int, default=None, metavar="N",
+                   help="refuse requests whose prompt + max_tokens exceed N tokens (default: the model's context)")
+    # mlx_lm.server's own flags (same names and defaults); its parser is local to mlx_lm.server.main
+    p.add_argument("--allowed-origins", type=lambda x: x.split(","), default="*",
+                   help="allowed CORS origins (default: *)")
+    p.add_argument("--temp", type=float, default=0.0, help="default sampling temperature (default: %(default)s)")
+    p.add_argument("--top-p", type=float, default=1.0, help="default nucleus sampling top-p (default: %(default)s)")
+    p.add_argument("--top-k", type=int, default=0, help="default top-k sampling, 0 disables (default: %(default)s)")
+    p.add_argument("--min-p", type=float, default=0.0, help="default min-p sampling (default: %(default)s)")
+    p.add_argument("--max-tokens", type=int, default=512,
+                   help="default maximum number of tokens to generate (default: %(default)s)")
+    p.add_argument("--chat-template-args", type=json.loads, default="{}",
+                   help="JSON arguments for the tokenizer's apply_chat_template, e.g. '{\"enable_thinking\":false}'")
+    p.add_argument("--prefill-step-size", type=int, default=2048, help="prompt tokens per prefill step (default: %(default)s)")
+    p.add_argument("--prompt-cache-size", type=int, default=10,
+                   help="maximum number of distinct prompt caches kept for reuse (default: %(default)s)")
+    p.add_argument("--prompt-cache-bytes", type=_size, default=None,
+                   help="maximum size in bytes of the kept prompt caches")
+    add_blas_option(p)
+    p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
+                   help="logging level (default: %(default)s)")
+    p.set_defaults(func=run_serve)

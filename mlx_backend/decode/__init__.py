@@ -1,0 +1,1 @@
+"""Speculative decoding of mlx-lm models: the step, verification and exact rollback, sampling, the draft-length policy."""

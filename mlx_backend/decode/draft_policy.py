@@ -1,0 +1,349 @@
+"""Cost-aware draft length: draft only as many tokens as pay off on this model and machine.
+
+A verify forward over ``S = n + 1`` tokens costs ``c(S)``, learned from the timings of the real
+steps of generation (:class:`StepCosts`: no separate measurement, so it never costs the user time;
+kept per model and machine in the user's cache directory, :func:`learned_costs`). With ``a_i`` the
+probability that draft token i is accepted given that tokens 1..i-1 were, drafting n tokens
+yields on average
+
+    E(n) = 1 + sum_{j=1..n} prod_{i<=j} a_i          tokens per forward,
+
+so the policy drafts the ``n`` (at most the drafter's proposal length) that maximises the token
+rate ``E(n) / c(n + 1)``; ``n = 0`` (a plain step) whenever no draft length beats ``1 / c(1)``.
+
+``n = 0`` means plain decoding, which the generator pipelines like mlx-lm's ``generate_step``
+(the next one-token step is built while the current one runs), so it is valued at the measured
+pipelined cost ``c_p`` (the time per token of the real plain steps) rather than ``c(1)``. While pipelined, the
+token in flight is not known yet, so a proposal ``P`` made before it guesses that token with
+``P[0]``; leaving plain mode to verify ``P[1..n]`` next yields on average (``P[0]`` right with
+probability ``a_1``)
+
+    E(n + 1) - a_1 = 1 + sum_{j=2..n+1} prod_{i<=j} a_i      tokens, in time c(n + 1),
+
+and costs the pipeline: the first plain step after it is built while the device waits, ``c(1)``
+instead of ``c_p``. The generator leaves plain mode (:meth:`DraftPolicy.leave_plain`) when for some n
+
+    E(n + 1) - a_1 > (c(n + 1) + c(1) - c_p) / c_p,
+
+the tokens plain mode would have produced in that time.
+
+``a_i`` is an exponentially weighted moving average (weight ``alpha``) updated from *every*
+proposal of the drafter, verified or not: a proposal made before position t is compared with
+the tokens the model then emits at t+1, t+2, ... (for verified drafts this is the verification
+itself; for drafts the policy did not verify, the later output tells the same thing). The policy
+therefore keeps learning while it drafts nothing, and starts drafting when acceptance rises.
+
+>>> policy = DraftPolicy([1.0, 1.1, 1.2, 1.3], prior=0.9)   # verify of 2..4 tokens nearly free
+>>> policy.choose(3)
+3
+>>> flat = DraftPolicy([1.0, 2.0, 3.0, 4.0], prior=0.9)     # every extra row costs a full row
+>>> flat.choose(3)
+0
+>>> policy.leave_plain(3), DraftPolicy([1.0, 1.1, 1.2, 1.3], prior=0.3).leave_plain(3)
+(True, False)
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+from mlx_lm.models.cache import make_prompt_cache
+
+from mlx_backend.machine.blas import blas_in_use
+from mlx_backend.decode.rollback import VerifyCache
+from mlx_backend.machine.user_cache import cache_dir
+
+DEFAULT_K_MAX = 8
+PRIOR_SLOPE = 0.25  # c(S) / c(1) grows by this per extra token until a verify step is timed
+WINDOW = 16         # timings kept per S (the estimate is their median)
+COST_FILE = "step-costs.json"
+_COSTS: dict[str, "StepCosts"] = {}
+
+
+class StepCosts:
+    """``c(S)``, S = 1..s_max, and the pipelined plain cost ``c_p``, from the timings of real steps.
+
+    ``samples[0]`` holds seconds per token of pipelined plain steps (``c_p``, timed token to token;
+    not the first step of a plain run, which also pays for the rollback and graph changes of the
+    verify step before it); ``samples[S]``, S >= 1, the seconds of a verify step over S tokens (the
+    forward, reading its tokens and the rollback) divided by ``c_p`` at that time, so that a change
+    of machine load between runs cancels out. ``c(1)`` is ``c_p`` until timed (a fixed-length
+    policy's empty draft; the cost-aware one pipelines those steps). Each keeps its last :data:`WINDOW` values and is estimated by their median, made
+    non-decreasing in S (:func:`_non_decreasing`, weighted by the number of timings). An S
+    never timed is interpolated linearly between timed ones, and beyond
+    the largest timed S extrapolated with the mean slope from S = 1 (:data:`PRIOR_SLOPE` before any).
+
+    >>> costs = StepCosts(4)
+    >>> costs.add(0, 0.1); costs.add(3, 0.12)     # a plain step of 100 ms, a verify of 3 in 120 ms
+    >>> [round(c, 3) for c in costs.estimate()[0]]
+    [0.1, 0.11, 0.12, 0.13]
+    """
+
+    def __init__(self, s_max: int, samples: dict[int, list[float]] | None = None, key: str | None = None):
+        self.s_max = s_max
+        self.key = key
+        self.samples = {S: list(v)[-WINDOW:] for S, v in (samples or {}).items() if 0 <= S <= s_max and v}
+        self.n_new = 0   # timings added by this process
+
+    def add(self, S: int, seconds: float) -> None:
+        """Record a step: S = 0 a pipelined plain step, S >= 1 a forward over S tokens waited for."""
+        if S > 0:
+            if not self.samples.get(0):
+                return   # relative to c_p: nothing to relate to yet
+            seconds /= statistics.median(self.samples[0])
+        self.samples.setdefault(S, []).append(seconds)
+        del self.samples[S][:-WINDOW]
+        self.n_new += 1
+
+    def estimate(self) -> tuple[list[float], float] | None:
+        """``([c(1), ..., c(s_max)], c_p)`` in seconds, or None before the first timed plain step."""
+        if not self.samples.get(0):
+            return None
+        c_p = statistics.median(self.samples[0])
+        known = sorted({1, *(S for S in self.samples if S > 0)})
+        medians = [statistics.median(self.samples[S]) if S in self.samples else 1.0 for S in known]
+        weights = [len(self.samples.get(S, ())) or 1 for S in known]
+        rel = dict(zip(known, _non_decreasing(medians, weights)))
+        last = known[-1]
+        slope = (rel[last] - rel[1]) / (last - 1) if last > 1 else PRIOR_SLOPE
+        costs = []
+        for S in range(1, self.s_max + 1):
+            if S in rel:
+                r = rel[S]
+            elif S > last:
+                r = rel[last] + slope * (S - last)
+            else:
+                lo = max(k for k in known if k < S)
+                hi = min(k for k in known if k > S)
+                r = rel[lo] + (rel[hi] - rel[lo]) * (S - lo) / (hi - lo)
+            costs.append(r * c_p)
+        return costs, c_p
+
+
+def _non_decreasing(values: list[float], weights: list[float]) -> list[float]:
+    """The non-decreasing sequence closest to ``values`` in weighted least squares (pool adjacent
+    violators): a verify over more tokens never costs less, and a size timed once weighs less than
+    one timed sixteen times.
+
+    >>> _non_decreasing([1.0, 3.0, 2.0, 2.5], [1, 1, 3, 1])
+    [1.0, 2.25, 2.25, 2.5]
+    """
+    blocks: list[list[float]] = []   # [mean, weight, count]
+    for v, w in zip(values, weights):
+        blocks.append([v, w, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (v1, w1, n1), (v2, w2, n2) = blocks.pop(-2), blocks.pop()
+            blocks.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
+    return [v for v, _, n in blocks for _ in range(n)]
+
+
+class DraftPolicy:
+    """Chooses the draft length from verify costs ``costs[S - 1]``, the pipelined plain cost and
+    tracked acceptance; ``plain_cost`` defaults to ``c(1)`` (no pipelining gain). With
+    ``step_costs`` instead of ``costs``, the costs are learned from the steps the generator times
+    (:meth:`observe_cost`); until the first one it drafts nothing."""
+
+    def __init__(self, costs: list[float] | None = None, *, plain_cost: float | None = None,
+                 step_costs: StepCosts | None = None, alpha: float = 0.1, prior: float = 0.5):
+        if (costs is None) == (step_costs is None):
+            raise ValueError("give either costs or step_costs")
+        if costs is not None and (len(costs) < 1 or costs[0] <= 0):
+            raise ValueError("costs must hold c(1) > 0, c(2), ...")
+        self.step_costs = step_costs
+        self.k_max = (len(costs) if costs is not None else step_costs.s_max) - 1
+        self.costs: list[float] | None = None
+        self.plain_cost: float | None = None
+        self._set_costs((costs, plain_cost) if costs is not None else step_costs.estimate())
+        self.alpha = alpha
+        self.accept = [prior] * self.k_max      # a_i, i = 1..k_max
+        self.decisions: dict[int, int] = {}     # chosen n per decode step (0: a plain step)
+        self.pipelined = True                   # n = 0 steps run in pipelined plain mode
+        self._pending: list[list] = []          # [proposal, tokens matched so far]
+
+    def _set_costs(self, estimate) -> None:
+        if estimate is None:
+            return
+        costs, plain_cost = estimate
+        self.costs = [max(costs[: i + 1]) for i in range(len(costs))]  # c(S) never decreases
+        self.plain_cost = plain_cost if plain_cost is not None else self.costs[0]
+
+    def observe_cost(self, S: int, seconds: float) -> None:
+        """A timed step (S = 0: pipelined plain, else a forward over S tokens waited for); only
+        learning policies (``step_costs``) use it."""
+        if self.step_costs is not None:
+            self.step_costs.add(S, seconds)
+            self._set_costs(self.step_costs.estimate())
+
+    def expected_tokens(self, n: int) -> float:
+        """E(n): the mean number of tokens emitted by a forward that verifies n drafts."""
+        total, run = 1.0, 1.0
+        for a in self.accept[:n]:
+            run *= a
+            total += run
+        return total
+
+    def choose(self, n_available: int) -> int:
+        """The draft length (at most ``n_available``) with the best tokens per unit of cost."""
+        limit = min(n_available, self.k_max) if self.costs is not None else 0
+        n = 0
+        if limit > 0:
+            rates = [1 / self.plain_cost] + [self.expected_tokens(n) / self.costs[n] for n in range(1, limit + 1)]
+            n = max(range(limit + 1), key=lambda i: (rates[i], -i))
+        self.decisions[n] = self.decisions.get(n, 0) + 1
+        return n
+
+    def leave_plain(self, n_available: int) -> bool:
+        """Whether to stop pipelining, given a proposal of ``n_available`` tokens whose first one
+        guesses the token in flight: some ``n <= n_available - 1`` has
+        ``E(n + 1) - a_1 > (c(n + 1) + c(1) - c_p) / c_p``. Staying counts as a plain step."""
+        limit = min(n_available - 1, self.k_max - 1) if self.costs is not None else 0
+        restart = max(self.costs[0] - self.plain_cost, 0.0) if limit > 0 else 0.0   # the pipeline's lost overlap
+        leave = any(self.expected_tokens(n + 1) - self.accept[0] > (self.costs[n] + restart) / self.plain_cost
+                    for n in range(1, limit + 1))
+        if not leave:
+            self.decisions[0] = self.decisions.get(0, 0) + 1
+        return leave
+
+    def observe(self, proposal: list[int], emitted: list[int]) -> None:
+        """Record the drafter's ``proposal`` for this step, then the tokens the model emitted."""
+        if proposal:
+            self._pending.append([list(proposal[: self.k_max]), 0])
+        for t in emitted:
+            still = []
+            for entry in self._pending:
+                proposal_, j = entry
+                hit = proposal_[j] == t
+                self.accept[j] += self.alpha * (float(hit) - self.accept[j])
+                entry[1] = j + 1
+                if hit and j + 1 < len(proposal_):
+                    still.append(entry)
+            self._pending = still
+
+    def summary(self) -> dict:
+        """The costs relative to c(1) (None before the first timed step), the acceptance estimates
+        and the decisions."""
+        known = self.costs is not None
+        return {"cost_rel": [round(c / self.costs[0], 3) for c in self.costs] if known else None,
+                "plain_cost_rel": round(self.plain_cost / self.costs[0], 3) if known else None,
+                "accept": [round(a, 3) for a in self.accept],
+                "decisions": dict(sorted(self.decisions.items()))}
+
+
+class FixedDraftLength:
+    """``draft_max=k``: every step verifies up to k of the drafter's proposal, waiting for each
+    step's tokens (an explicit draft length means verifying every proposal where it is made);
+    ``k = 0`` is plain decoding, pipelined throughout."""
+
+    def __init__(self, k_max: int):
+        self.k_max = k_max
+        self.pipelined = k_max == 0
+
+    def choose(self, n_available: int) -> int:
+        return min(n_available, self.k_max)
+
+    def leave_plain(self, n_available: int) -> bool:
+        return False
+
+    def observe(self, proposal: list[int], emitted: list[int]) -> None:
+        pass
+
+    def observe_cost(self, S: int, seconds: float) -> None:
+        pass
+
+    def summary(self) -> None:
+        return None
+
+
+def model_key(model: nn.Module, what) -> str:
+    """What a step cost depends on: the measurement ``what``, architecture and sizes, dtype,
+    device, machine, mlx version, BLAS."""
+    params = tree_flatten(model.parameters())
+    shapes = sorted((name, tuple(p.shape), str(p.dtype)) for name, p in params)
+    return json.dumps([type(model).__module__, repr(shapes), what, str(mx.default_device()),
+                       platform.machine(), platform.node(), mx.__version__, blas_in_use()])
+
+
+def cost_file() -> Path:
+    """The file that keeps the learned step costs: ``step-costs.json`` in the user's cache directory
+    (``$NGRAM_SPEC_CACHE_DIR`` overrides it, :func:`mlx_backend.machine.user_cache.cache_dir`)."""
+    return cache_dir() / COST_FILE
+
+
+def learned_costs(model: nn.Module, s_max: int = DEFAULT_K_MAX + 1, gdn_path: str | None = None) -> StepCosts:
+    """The :class:`StepCosts` of this model and machine (:func:`model_key`): this process's, else
+    those kept in :func:`cost_file` by earlier runs, else empty ones (learned while generating)."""
+    key = model_key(model, [s_max, gdn_path])
+    if key not in _COSTS:
+        stored = _read_json(cost_file()).get(key, {})
+        _COSTS[key] = StepCosts(s_max, {int(S): v for S, v in stored.items()}, key=key)
+    return _COSTS[key]
+
+
+def save_costs(costs: StepCosts) -> None:
+    """Keep ``costs`` in :func:`cost_file` for later runs (atomic rewrite; a no-op without new timings)."""
+    if costs.key is None or not costs.n_new:
+        return
+    path = cost_file()
+    _write_json(path, {**_read_json(path), costs.key: {str(S): v for S, v in costs.samples.items()}})
+    costs.n_new = 0
+
+
+def measure_verify_cost(model: nn.Module, s_max: int = DEFAULT_K_MAX + 1, *, reps: int = 3,
+                        context: int = 32, gdn_path: str | None = None) -> list[float]:
+    """Seconds per verify forward of S = 1..s_max tokens (fastest of ``reps`` rounds), each run
+    and waited for on its own, after ``context`` cached tokens (fewer where the model's window,
+    a rotating cache's ``max_size``, is smaller: context + s_max never exceeds it). For benchmarks
+    and explicit policies (``DraftPolicy(measure_verify_cost(model))``); generation learns the costs
+    from its own steps instead."""
+    cache = make_prompt_cache(model)
+    window = min((getattr(c, "max_size", None) or math.inf) for c in cache)
+    if s_max + 1 > window:
+        raise ValueError(f"s_max={s_max} does not fit the model's attention window of {window} tokens")
+    context = int(min(context, window - s_max))
+    model(mx.arange(context).reshape(1, -1) % 2, cache=cache)
+    mx.eval([c.state for c in cache])
+    verifier = VerifyCache(model, cache, gdn_path)
+    times: list[list[float]] = [[] for _ in range(s_max)]
+    for r in range(reps + 1):              # round 0 warms up (graph building, allocation)
+        for S in range(1, s_max + 1):      # S interleaved, so a load change hits all S alike
+            tokens = mx.arange(S, dtype=mx.uint32) % 2
+            t0 = time.perf_counter()
+            logits = verifier.forward(tokens, record=True)
+            mx.eval(logits, [c.state for c in cache])
+            if r:
+                times[S - 1].append(time.perf_counter() - t0)
+            verifier.keep(0)
+    verifier.close()
+    return [min(t) for t in times]
+
+
+def _read_json(path) -> dict:
+    if path is None or not Path(path).exists():
+        return {}
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}   # a damaged cost cache is only a cache: learn again
+    return data if isinstance(data, dict) else {}
+
+
+def _write_json(path, data: dict) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,344 @@
+"""n-gram self-speculative generation for mlx-lm models, in mlx-lm's generator shape.
+
+:func:`ngram_speculative_generate_step` is a drop-in for ``mlx_lm.generate.speculative_generate_step``
+without a draft model: drafts come from an n-gram drafter (llama.cpp's lookup: context, dynamic
+and static caches), one forward verifies ``[last, d1..dk]``, and the prompt cache is cut back to
+the accepted prefix exactly (:mod:`mlx_backend.decode.rollback`), hybrid GatedDeltaNet models included.
+Where drafting does not pay, it decodes plainly, pipelined like ``mlx_lm.generate.generate_step``.
+:func:`stream_generate` is ``mlx_lm.stream_generate`` on top of it.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Generator, Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.generate import GenerationResponse, generation_stream
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+from mlx_backend.decode.draft_policy import DEFAULT_K_MAX, DraftPolicy, FixedDraftLength, learned_costs, save_costs
+from mlx_backend.decode.rollback import VerifyCache
+from mlx_backend.decode.sampling import greedy, verify_drafts
+from mlx_backend.ngram.default import default_drafter
+from reference.drafter import Drafter
+from reference.speculative import in_vocab
+
+
+@dataclass
+class SpecStats:
+    """Counters of one speculative run, filled in place while it generates.
+
+    ``steps`` decode forwards (each verifies 0..k drafts) produced ``n_tokens`` tokens;
+    ``n_forward`` also counts prefill chunks. ``n_drafted`` draft tokens were verified and
+    ``n_accept`` of them accepted. ``draft_lengths`` counts the chosen k per step; ``policy`` is
+    the cost-aware policy's summary (auto draft length only). ``plain_steps`` of the steps ran
+    pipelined in plain mode, entered ``enter_plain`` times and left ``leave_plain`` times for a
+    verify step (not counting the end of the run). Times are seconds.
+    """
+
+    steps: int = 0
+    n_forward: int = 0
+    n_tokens: int = 0
+    n_drafted: int = 0
+    n_accept: int = 0
+    n_proposed: int = 0
+    draft_lengths: dict[int, int] = field(default_factory=dict)
+    plain_steps: int = 0
+    enter_plain: int = 0
+    leave_plain: int = 0
+    policy: Optional[dict] = None
+    t_draft: float = 0.0
+    t_rollback: float = 0.0
+    t_total: float = 0.0
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.n_tokens / self.steps if self.steps else 0.0
+
+    @property
+    def accept(self) -> float:
+        """Accepted / drafted, in percent (llama.cpp's ``accept``, as in the reference); 0 when nothing was drafted."""
+        return 100.0 * self.n_accept / self.n_drafted if self.n_drafted else 0.0
+
+    def as_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d.update(tokens_per_forward=self.tokens_per_forward, accept=self.accept)
+        return d
+
+
+def vocab_size(model: nn.Module) -> Optional[int]:
+    """The token ids ``model`` takes: the rows of its ``embed_tokens`` (else ``model.args.vocab_size``,
+    else None). An id outside them reads past the embedding: garbage, or a crash."""
+    for name, module in model.named_modules():
+        if isinstance(module, (nn.Embedding, nn.QuantizedEmbedding)) and name.endswith("embed_tokens"):
+            return int(module.weight.shape[0])
+    return getattr(getattr(model, "args", None), "vocab_size", None)
+
+
+def check_prompt(prompt_ids: list[int], model: nn.Module) -> None:
+    """Refuse an empty prompt or a token id outside the model's vocabulary (ValueError naming both)."""
+    if not prompt_ids:
+        raise ValueError("the prompt must hold at least one token")
+    n_vocab = vocab_size(model)
+    for i, t in enumerate(prompt_ids):
+        if t < 0 or (n_vocab is not None and t >= n_vocab):
+            raise ValueError(f"prompt token id {t} (position {i}) is outside the model's vocabulary of "
+                             f"{n_vocab} tokens (ids 0..{n_vocab - 1}): was the prompt made with another tokenizer?")
+
+
+class _Run:
+    """The state of one speculative run: the cache and its verifier, the drafter, the draft-length policy,
+    the tokens so far (``history``; its last one is the next step's input) and the counters.
+
+    Drafting and counting follow :mod:`reference.speculative`: the first token (the prompt's last token's
+    step) is not drafted for, later steps draft at most ``max_tokens - emitted - 1``, and a step counts
+    (``stats``) and teaches the drafter all its tokens, even past an EOS the consumer stops at."""
+
+    def __init__(self, prompt, model, *, max_tokens, sampler, logits_processors, prompt_cache, prefill_step_size,
+                 draft_max, drafter, c_st, c_dyn, stats, draft_policy, gdn_path):
+        self.prompt = [int(t) for t in (prompt.tolist() if isinstance(prompt, mx.array) else prompt)]
+        check_prompt(self.prompt, model)
+        if draft_max is not None and draft_max < 0:
+            raise ValueError(f"draft_max must be >= 0 or None (auto), got {draft_max}")
+        if prefill_step_size < 1:
+            raise ValueError(f"prefill_step_size must be >= 1, got {prefill_step_size}")
+        self.model, self.max_tokens, self.prefill_step_size = model, max_tokens, prefill_step_size
+        self.sampler, self.logits_processors = sampler or greedy, logits_processors
+        self.n_vocab = vocab_size(model)
+        self.stats = stats if stats is not None else SpecStats()
+        self.cache = prompt_cache if prompt_cache is not None else make_prompt_cache(model)
+        self.verifier = VerifyCache(model, self.cache, gdn_path) if draft_max != 0 else None
+        self.drafter = default_drafter(c_st, c_dyn) if drafter is None and draft_max != 0 else drafter
+        self.learned = None   # the step costs this run learns from its own timed steps, kept for later runs
+        if draft_max is not None:
+            self.policy = FixedDraftLength(draft_max)
+        elif draft_policy is not None:
+            self.policy = draft_policy
+        else:
+            self.learned = learned_costs(model, DEFAULT_K_MAX + 1, gdn_path)
+            self.policy = DraftPolicy(step_costs=self.learned)
+        self.stats.policy = self.policy.summary()
+        self.history = list(self.prompt)
+        self.n_out = 0
+        self.t_start = time.perf_counter()
+
+    def more(self) -> bool:
+        return self.max_tokens < 0 or self.n_out < self.max_tokens
+
+    def prefill(self) -> None:
+        """Every prompt token but the last into the cache, in chunks (mlx-lm's generate_step); the drafter
+        starts on the whole prompt."""
+        ids, step = self.prompt, self.prefill_step_size
+        for start in range(0, len(ids) - 1, step):
+            self.model(mx.array(ids[start:min(start + step, len(ids) - 1)], mx.uint32)[None], cache=self.cache)
+            mx.eval([c.state for c in self.cache])
+            self.stats.n_forward += 1
+        if self.drafter is not None:
+            self.drafter.reset(ids)
+
+    def room(self, n_done: int) -> int:
+        """How many drafts a verify step may hold once ``n_done`` tokens have been emitted: none for the
+        first token (the prompt's, as llama.cpp's lookup), then as many as fit with the model's own token
+        (the rule of :mod:`reference.speculative`)."""
+        if n_done == 0:
+            return 0
+        return self.policy.k_max if self.max_tokens < 0 else min(self.policy.k_max, self.max_tokens - n_done - 1)
+
+    def propose(self, n: int) -> list[int]:
+        """Up to ``n`` drafted tokens, cut before any id outside the model's vocabulary."""
+        t0 = time.perf_counter()
+        proposal = (in_vocab([int(t) for t in self.drafter.draft(n)[:n]], self.n_vocab)
+                    if self.drafter is not None and n > 0 else [])
+        self.stats.t_draft += time.perf_counter() - t0
+        return proposal
+
+    def keep(self, m: int) -> None:
+        t0 = time.perf_counter()
+        self.verifier.keep(m)
+        self.stats.t_rollback += time.perf_counter() - t0
+
+    def learn(self, proposal: list[int], emitted: list[int]) -> None:
+        """One step done: the policy, the drafter and the history learn its tokens; the step is counted."""
+        t0 = time.perf_counter()
+        self.policy.observe(proposal, emitted)
+        if self.drafter is not None:
+            self.drafter.extend(emitted)
+        self.history.extend(emitted)
+        stats = self.stats
+        stats.t_draft += time.perf_counter() - t0
+        stats.steps += 1
+        stats.n_forward += 1
+        stats.n_proposed += len(proposal)
+        stats.n_tokens += len(emitted)
+        stats.policy = self.policy.summary()
+        stats.t_total = time.perf_counter() - self.t_start
+
+    def count_verify(self, k: int, n_accept: int, seconds: float) -> None:
+        self.policy.observe_cost(1 + k, seconds)
+        self.stats.n_drafted += k
+        self.stats.n_accept += n_accept
+        self.stats.draft_lengths[k] = self.stats.draft_lengths.get(k, 0) + 1
+
+    def plain_step(self, y: mx.array, seen: list[int]) -> tuple[mx.array, mx.array]:
+        """Launch one plain step on ``y`` ([1], possibly not computed yet) that follows ``seen``,
+        like ``mlx_lm.generate.generate_step``: the next token and its log-probabilities, lazy."""
+        logits = self.model(y.reshape(1, 1), cache=self.cache)[:, -1, :]
+        if self.logits_processors:
+            tokens = mx.concatenate([mx.array(seen, mx.uint32), y.astype(mx.uint32)])
+            for processor in self.logits_processors:
+                logits = processor(tokens, logits)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        token = self.sampler(logprobs)
+        mx.async_eval(token, logprobs)
+        return token, logprobs.squeeze(0)
+
+    def plain_mode(self, proposal: list[int]):
+        """Plain mode: whenever the cost-aware policy drafts nothing (and always with ``draft_max=0``),
+        one-token steps, each launched on the lazy token of the step before (``mx.async_eval``), as in
+        mlx-lm's ``generate_step``, until the policy's ``leave_plain`` says a verify step pays (see
+        :mod:`mlx_backend.decode.draft_policy`) or the run ends. A fixed ``draft_max=k > 0`` verifies
+        every proposal where it is made, so its steps are not pipelined. A consumer that stops early in
+        plain mode leaves the last yielded token in the cache too, as with ``generate_step``."""
+        stats, policy = self.stats, self.policy
+        stats.enter_plain += 1
+        t_last = None   # c_p is timed token to token; the run's first step also pays for what came before
+        token, logprobs = self.plain_step(mx.array(self.history[-1:], mx.uint32), self.history[:-1])
+        while True:
+            # `token` (the n_out + 1-th) is in flight; proposal[0] is the drafter's guess of it
+            at_end = 0 <= self.max_tokens <= self.n_out + 1
+            leave = at_end or policy.leave_plain(len(proposal))
+            if not leave:
+                next_token, next_logprobs = self.plain_step(token, self.history)
+            t = token.item()
+            if t_last is not None:
+                policy.observe_cost(0, time.perf_counter() - t_last)
+            t_last = time.perf_counter()
+            stats.plain_steps += 1
+            stats.draft_lengths[0] = stats.draft_lengths.get(0, 0) + 1
+            self.learn(proposal, [t])
+            self.n_out += 1
+            yield t, logprobs, False
+            if leave:
+                if not at_end:
+                    stats.leave_plain += 1
+                return
+            token, logprobs = next_token, next_logprobs
+            proposal = self.propose(1 + self.room(self.n_out + 1)) if policy.k_max else []   # draft_max=0: no drafter calls
+
+    def close(self) -> None:
+        self.stats.t_total = time.perf_counter() - self.t_start
+        if self.verifier is not None:
+            self.verifier.close()
+        if self.learned is not None:
+            save_costs(self.learned)
+
+
+def ngram_speculative_generate_step(
+    prompt: mx.array,
+    model: nn.Module,
+    *,
+    max_tokens: int = 256,
+    sampler: Optional[Callable[[mx.array], mx.array]] = None,
+    logits_processors: Optional[list[Callable]] = None,
+    prompt_cache: Optional[list[Any]] = None,
+    prefill_step_size: int = 2048,   # mlx-lm generate_step's: prompt chunks matter once a window wraps
+    draft_max: Optional[int] = None,
+    drafter: Optional[Drafter] = None,
+    c_st=None,
+    c_dyn=None,
+    stats: Optional[SpecStats] = None,
+    draft_policy: Optional[DraftPolicy] = None,
+    gdn_path: Optional[str] = None,
+) -> Generator[tuple[int, mx.array, bool], None, None]:
+    """Yield ``(token, logprobs, from_draft)`` like ``mlx_lm.generate.speculative_generate_step``.
+
+    ``draft_max``: drafts per step (``0``: plain decoding, any model; ``None``: the cost-aware policy
+    of :mod:`mlx_backend.decode.draft_policy`, up to ``DEFAULT_K_MAX``). ``drafter``: a
+    :class:`reference.drafter.Drafter`, by default :func:`default_drafter` over ``c_st`` / ``c_dyn``
+    (caches or cache file paths). ``prompt_cache`` is updated in place; once the generator is exhausted
+    it holds every token but the last. ``gdn_path`` forces a rollback path (:mod:`mlx_backend.decode.rollback`).
+    A prompt id outside the model's vocabulary is a ``ValueError`` at the first ``next``; drafts are cut
+    before any such id. Drafting and counting follow :mod:`reference.speculative` (see :class:`_Run`), so
+    both backends give the same tokens, ``n_drafted`` and ``n_accept``; plain mode: :meth:`_Run.plain_mode`.
+    """
+    run = _Run(prompt, model, max_tokens=max_tokens, sampler=sampler, logits_processors=logits_processors,
+               prompt_cache=prompt_cache, prefill_step_size=prefill_step_size, draft_max=draft_max, drafter=drafter,
+               c_st=c_st, c_dyn=c_dyn, stats=stats, draft_policy=draft_policy, gdn_path=gdn_path)
+    try:
+        with mx.stream(generation_stream):
+            run.prefill()
+            while run.more():   # the cache holds every token before run.history[-1]
+                # draft: up to room() tokens the drafter predicts after the history
+                proposal = run.propose(run.room(run.n_out))
+                k = run.policy.choose(len(proposal))
+                if k == 0 and run.policy.pipelined:
+                    yield from run.plain_mode(proposal)
+                    continue
+                drafts, t_step = proposal[:k], time.perf_counter()
+                # verify: one forward over [last, d1..dk] scores the token after each of its k + 1 prefixes
+                logits = run.verifier.forward(run.history[-1:] + drafts)
+                # accept: the drafts up to the first one the model would not have produced (greedy: not its
+                # argmax; sampling: rejected by the speculative-sampling test), n_accept of them; then the
+                # bonus token, the model's own token after the accepted prefix: 1 + n_accept tokens a forward
+                emitted, logprobs, n_accept = verify_drafts(logits, drafts, sampler, logits_processors, run.history)
+                # keep(m): cut the cache back to [last, d1..d_n_accept], m = 1 + n_accept positions (exact:
+                # KV entries trimmed, GatedDeltaNet / conv states taken at position m, no second forward)
+                run.keep(1 + n_accept)
+                run.count_verify(k, n_accept, time.perf_counter() - t_step)
+                run.learn(proposal, emitted)
+                for i, (token, lp) in enumerate(zip(emitted, logprobs)):
+                    run.n_out += 1
+                    yield token, lp, i < n_accept
+    finally:
+        run.close()
+
+
+def stream_generate(model: nn.Module, tokenizer, prompt, max_tokens: int = 256,
+                    max_kv_size: Optional[int] = None, **kwargs) -> Generator[GenerationResponse, None, None]:
+    """``mlx_lm.stream_generate`` with n-gram speculative decoding; yields ``GenerationResponse``.
+
+    ``kwargs`` go to :func:`ngram_speculative_generate_step` (``draft_max``, ``sampler``, ``stats``,
+    ...). Stops at the tokenizer's EOS tokens like mlx-lm (the EOS token is not yielded as text).
+    """
+    if max_tokens == 0:
+        raise ValueError("max_tokens must be non-zero (use -1 for no limit)")
+    if not isinstance(tokenizer, TokenizerWrapper):
+        tokenizer = TokenizerWrapper(tokenizer)
+    if not isinstance(prompt, mx.array):
+        if isinstance(prompt, str):
+            add_special = tokenizer.bos_token is None or not prompt.startswith(tokenizer.bos_token)
+            prompt = tokenizer.encode(prompt, add_special_tokens=add_special)
+        prompt = mx.array(prompt)
+    if max_kv_size is not None and kwargs.get("prompt_cache") is None:
+        kwargs["prompt_cache"] = make_prompt_cache(model, max_kv_size)
+    detokenizer = tokenizer.detokenizer
+    detokenizer.reset()
+    steps = ngram_speculative_generate_step(prompt, model, max_tokens=max_tokens, **kwargs)
+    tic = time.perf_counter()
+    prompt_tps = 0.0
+    n, token, logprobs, from_draft = 0, None, None, False
+    for n, (token, logprobs, from_draft) in enumerate(steps):
+        if n == 0:
+            prompt_tps = prompt.size / (time.perf_counter() - tic)
+            tic = time.perf_counter()
+        if token in tokenizer.eos_token_ids:
+            break
+        detokenizer.add_token(token)
+        if n + 1 == max_tokens:
+            break
+        yield GenerationResponse(text=detokenizer.last_segment, token=token, logprobs=logprobs,
+                                 from_draft=from_draft, prompt_tokens=prompt.size,
+                                 prompt_tps=prompt_tps, generation_tokens=n + 1,
+                                 generation_tps=(n + 1) / (time.perf_counter() - tic),
+                                 peak_memory=mx.get_peak_memory() / 1e9, finish_reason=None)
+    steps.close()
+    detokenizer.finalize()
+    yield GenerationResponse(text=detokenizer.last_segment, token=token, logprobs=logprobs,
+                             from_draft=from_draft, prompt_tokens=prompt.size, prompt_tps=prompt_tps,
+                             generation_tokens=n + 1,
+                             generation_tps=(n + 1) / max(time.perf_counter() - tic, 1e-9),
+                             peak_memory=mx.get_peak_memory() / 1e9,
+                             finish_reason="stop" if token in tokenizer.eos_token_ids else "length")

@@ -1,0 +1,475 @@
+"""Exact rollback of an mlx-lm prompt cache after a verify forward (a second forward only for
+caches of unknown recurrent layers).
+
+A verify forward runs the model over ``S`` tokens ``[last, d1..dk]``; afterwards only the first
+``m`` of them (``last`` and the accepted drafts) may stay in the cache. :class:`VerifyCache`
+runs such forwards and then :meth:`VerifyCache.keep` cuts every layer back to ``m`` tokens:
+
+* attention caches (``KVCache``, ``QuantizedKVCache``, ``ChunkedKVCache``, ...) are trimmed by
+  ``S - m`` (their rows are offset-addressed);
+* a ``RotatingKVCache`` (sliding window, ``max_kv_size``), wrapped or not, is left untouched by the
+  verify forward: each query attends exactly the keys a one-token step at its position would see
+  (:func:`single_step_mask`), and ``keep(m)`` then writes the first m new rows one at a time with
+  mlx-lm's own one-token update, so the ring ends as m plain steps would leave it;
+* GatedDeltaNet layers recognised by what they compute (:func:`gdn_projections`: qwen3_5,
+  qwen3_5_moe, qwen3_next; cache ``ArraysCache(size=2)``) get ``cache[0]`` = the conv window
+  ending at token m, ``conv_input[:, m : m + K - 1]``, and ``cache[1]`` = the recurrent state
+  after token m;
+* every other cache (``ArraysCache`` of Mamba / SSM / other linear-attention / conv layers, custom
+  cache classes) is snapshotted before the verify forward; ``keep(m < S)`` puts every layer back
+  to before it and re-runs the first m tokens (a second forward over m tokens).
+
+For the recurrent state there are two paths (:data:`GDN_PATHS`):
+
+* ``"states"``: the verify forward runs mlx-lm's ``gated_delta_update`` one token at a time and
+  keeps every per-token state; keeping m is a lookup. Best where the recurrence runs as ops
+  (CPU, CUDA), where these states are computed anyway.
+* ``"replay"``: the verify forward runs ``gated_delta_update`` over all S tokens (Metal kernels on
+  Apple silicon, which return only the final state) and saves its inputs ``q, k, v, a, b``;
+  keeping ``0 < m < S`` re-runs only the recurrence over the first m tokens from the saved state
+  (no projection weights are read again).
+
+:func:`default_gdn_path` picks by device. The GDN layers are observed without touching mlx-lm's
+modules: each layer *instance* gets a subclass of its own class (:func:`attach`) whose
+``__call__`` is mlx-lm's unless a verify forward is running. The verify-time forward reuses the
+layer's own projections, ``normalize_qk``, ``gated_delta_update``, norm and ``out_proj``; only the
+depthwise conv is computed as shifted multiply-adds (:mod:`mlx_backend.decode.conv`).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx_lm.models import qwen3_5, qwen3_next
+from mlx_lm.models.cache import ArraysCache, CacheList, RotatingKVCache
+try:
+    from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk
+except ImportError as exc:   # normalize_qk arrived in mlx-lm 0.32
+    import mlx_lm
+    raise ImportError(f"mlx_backend needs mlx-lm >= 0.32 (found {mlx_lm.__version__}): "
+                      f"pip install 'mlx-lm>=0.32,<0.33'") from exc
+
+from mlx_backend.decode.conv import depthwise_conv1d
+
+GDN_PATHS = ("states", "replay")
+
+
+class RollbackUnsupported(ValueError):
+    """The prompt cache holds state that cannot be cut back to a prefix of a verify forward."""
+
+
+def default_gdn_path() -> str:
+    """``"replay"`` where mlx-lm runs the recurrence as Metal kernels, ``"states"`` elsewhere."""
+    on_metal = mx.default_device() == mx.gpu and mx.metal.is_available()
+    return "replay" if on_metal else "states"
+
+
+# -- the GatedDeltaNet layouts the recorder knows, by the modules a layer has (not its class) ----
+
+def _qwen3_5_projections(layer, x):
+    B, S, _ = x.shape
+    z = layer.in_proj_z(x).reshape(B, S, layer.num_v_heads, layer.head_v_dim)
+    return layer.in_proj_qkv(x), z, layer.in_proj_b(x), layer.in_proj_a(x)
+
+
+def _qwen3_next_projections(layer, x):
+    B, S, _ = x.shape
+    q, k, v, z, b, a = layer.fix_query_key_value_ordering(layer.in_proj_qkvz(x), layer.in_proj_ba(x))
+    qkv = mx.concatenate([q.reshape(B, S, -1), k.reshape(B, S, -1), v.reshape(B, S, -1)], axis=-1)
+    return qkv, z, b, a
+
+
+_GDN_MODULES = ("conv1d", "A_log", "dt_bias", "norm", "out_proj", "conv_kernel_size", "conv_dim",
+                "key_dim", "num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim")
+#: How a GatedDeltaNet layout computes ``(qkv, z, b, a)``, keyed by the projection modules it has
+#: (qwen3_5 / qwen3_5_moe: separate projections; qwen3_next: fused qkvz and ba).
+PROJECTIONS: dict[tuple[str, ...], Callable] = {
+    ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"): _qwen3_5_projections,
+    ("in_proj_qkvz", "in_proj_ba", "fix_query_key_value_ordering"): _qwen3_next_projections,
+}
+_RECORDABLE: dict[type, Callable | None] = {}   # per layer class: its projections, or None
+
+
+def _input_dims(linear) -> int:
+    """Input width of an ``nn.Linear`` or ``nn.QuantizedLinear``."""
+    w = linear.weight.shape[-1]
+    return w * 32 // linear.bits if hasattr(linear, "bits") else w
+
+
+def gdn_projections(layer) -> Callable | None:
+    """The projections of a GatedDeltaNet layer the recorder can run, else None.
+
+    A layer qualifies by what it computes, not by its class name: it has the modules of a layout
+    in :data:`PROJECTIONS`, and (checked once per class, on a random 4-token input from an empty
+    state) the recording forward gives mlx-lm's own output, conv window and recurrent state.
+    """
+    base = getattr(layer, "_ngram_base", type(layer))
+    if base not in _RECORDABLE:
+        _RECORDABLE[base] = None
+        for names, projections in PROJECTIONS.items():
+            if all(hasattr(layer, n) for n in names + _GDN_MODULES):
+                recorder = _recording_class(base, _RecordingGDN)
+                recorder._ngram_projections = staticmethod(projections)
+                if _records_exactly(layer, base, recorder, _input_dims(getattr(layer, names[0]))):
+                    _RECORDABLE[base] = projections
+                break
+    return _RECORDABLE[base]
+
+
+def _records_exactly(layer, base: type, recorder: type, dims: int) -> bool:
+    x = mx.random.normal((1, 4, dims), key=mx.random.key(0))
+    own, rec = ArraysCache(size=2), ArraysCache(size=2)
+    saved = layer.__class__
+    try:
+        y = base.__call__(layer, x, None, own)
+        layer.__class__ = recorder
+        layer._ngram_path = "states"
+        y_rec = layer(x, None, rec)
+        pairs = [(y, y_rec), (own[0], rec[0]), (own[1], rec[1])]
+        return all(a.shape == b.shape and mx.allclose(a, b, rtol=1e-2, atol=1e-3).item() for a, b in pairs)
+    except Exception:   # a layer with these modules that computes something else
+        return False
+    finally:
+        layer.__class__ = saved
+        _clear(layer)
+
+
+class _Recording:
+    """Per-token record of one GDN layer's verify forward (what :meth:`keep` needs)."""
+
+    def __init__(self, conv_input, state0, final, states=None, inputs=None):
+        self.conv_input = conv_input   # [B, K-1+S, conv_dim]: conv window + the S new rows
+        self.state0 = state0           # recurrent state before the forward
+        self.final = final             # recurrent state after all S tokens
+        self.states = states           # "states" path: state after token t, t = 1..S
+        self.inputs = inputs           # "replay" path: (q, k, v, a, b) of the S tokens
+
+    def state_after(self, m: int, layer) -> mx.array:
+        S = self.conv_input.shape[1] - layer.conv_kernel_size + 1
+        if m == 0:
+            return self.state0
+        if m == S:
+            return self.final
+        if self.states is not None:
+            return self.states[m - 1]
+        q, k, v, a, b = (t[:, :m] for t in self.inputs)
+        _, state = gated_delta_update(q, k, v, a, b, layer.A_log, layer.dt_bias, self.state0,
+                                      use_kernel=not layer.training)
+        return state
+
+
+class _RecordingGDN:
+    """Mixin put in front of a GDN layer's class, per instance (see :func:`attach`).
+
+    With ``_ngram_path`` None (the default) the call is mlx-lm's own ``__call__``. During a verify
+    forward it computes the same function and leaves a :class:`_Recording` in ``_ngram_record``.
+    """
+
+    _ngram_path = None
+    _ngram_record = None
+
+    def __call__(self, inputs, mask=None, cache=None):
+        if self._ngram_path is None:
+            return super().__call__(inputs, mask, cache)
+        if mask is not None or cache is None:
+            raise RollbackUnsupported("verify forward of a GatedDeltaNet layer needs batch size 1, "
+                                      "no padding mask and a cache")
+        B, S, _ = inputs.shape
+        qkv, z, b, a = self._ngram_projections(self, inputs)
+        K = self.conv_kernel_size
+        conv_state = cache[0] if cache[0] is not None else mx.zeros((B, K - 1, self.conv_dim), inputs.dtype)
+        conv_input = mx.concatenate([conv_state, qkv], axis=1)
+        conv_out = nn.silu(depthwise_conv1d(conv_input, self.conv1d))
+        q, k, v = (t.reshape(B, S, h, d) for t, h, d in zip(
+            mx.split(conv_out, [self.key_dim, 2 * self.key_dim], -1),
+            [self.num_k_heads, self.num_k_heads, self.num_v_heads],
+            [self.head_k_dim, self.head_k_dim, self.head_v_dim]))
+        q, k = normalize_qk(q, k, inv_scale=self.head_k_dim ** -0.5, eps=1e-6)
+        state0 = cache[1] if cache[1] is not None else mx.zeros(
+            (B, self.num_v_heads, self.head_v_dim, self.head_k_dim), mx.float32)
+        use_kernel = not self.training
+        if self._ngram_path == "states":
+            ys, states, state = [], [], state0
+            for t in range(S):
+                y, state = gated_delta_update(q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1],
+                                              a[:, t:t + 1], b[:, t:t + 1], self.A_log,
+                                              self.dt_bias, state, use_kernel=use_kernel)
+                ys.append(y)
+                states.append(state)
+            out = mx.concatenate(ys, axis=1)
+            record = _Recording(conv_input, state0, state, states=states)
+        else:
+            out, state = gated_delta_update(q, k, v, a, b, self.A_log, self.dt_bias, state0,
+                                            use_kernel=use_kernel)
+            record = _Recording(conv_input, state0, state, inputs=(q, k, v, a, b))
+        cache[0] = mx.contiguous(conv_input[:, -(K - 1):])
+        cache[1] = state
+        self._ngram_record = record
+        out = self.out_proj(self.norm(out, z).reshape(B, S, -1))
+        group = getattr(self, "sharding_group", None)   # tensor parallel (mlx-lm's shard()): this rank's heads
+        return out if group is None else mx.distributed.all_sum(out, group=group)
+
+
+_SUBCLASSES: dict[tuple[type, type], type] = {}
+
+
+def _recording_class(base: type, mixin: type) -> type:
+    if (base, mixin) not in _SUBCLASSES:
+        _SUBCLASSES[base, mixin] = type(f"Recording{base.__name__}", (mixin, base), {"_ngram_base": base})
+    return _SUBCLASSES[base, mixin]
+
+
+def attach(obj, mixin: type = _RecordingGDN):
+    """Give this instance (a GDN layer, a rotating cache) its recording subclass (idempotent;
+    parameters and state unchanged)."""
+    if not isinstance(obj, mixin):
+        obj.__class__ = _recording_class(type(obj), mixin)
+    return obj
+
+
+def detach(obj) -> None:
+    """Undo :func:`attach` on this instance."""
+    if hasattr(obj, "_ngram_base"):
+        _clear(obj)
+        obj.__class__ = obj._ngram_base
+
+
+def _clear(obj) -> None:
+    """Remove the recording attributes set on this instance."""
+    for name in [k for k in vars(obj) if k.startswith("_ngram")]:
+        delattr(obj, name)
+
+
+# -- rotating (sliding-window) KV caches --------------------------------------------------------
+
+@functools.lru_cache(maxsize=256)
+def single_step_mask(L: int, offset: int, keep: int, max_size: int, idx: int,
+                     window_size: int | None, S: int) -> np.ndarray:
+    """``[S, n + S]`` bool: which keys query i of a verify forward may attend, for the ``n`` rows a
+    ``RotatingKVCache`` in this state returns (its first ``min(offset, L)`` buffer rows, ``L`` the
+    buffer length) followed by the S new rows, so that token ``offset + i`` sees exactly the tokens a
+    one-token decoding step at its position sees.
+
+    The rule is mlx-lm's own: a shadow ``RotatingKVCache`` in the same state (``offset``, ``keep``,
+    write index ``_idx``), whose row j holds the tag j + 1, takes the S one-token updates
+    (``_update_in_place``, the new row tagged n + i + 1) and gives the one-token masks
+    (``make_mask``); the tags it returns are the columns query i attends. A multi-token forward
+    through mlx-lm's ``_update_concat`` differs once the ring has wrapped with ``keep > 0`` (it drops
+    the kept rows for later queries and sees up to ``max_size + S - 1`` keys), which is why the
+    verify forward does not use it.
+    """
+    n = min(offset, L)
+    shadow = RotatingKVCache(max_size, keep)
+    if L:
+        tags = np.zeros(L, np.float32)   # 0 marks a row never written
+        tags[:n] = np.arange(1, n + 1)
+        shadow.keys = shadow.values = mx.array(tags).reshape(1, 1, L, 1)
+        shadow.offset, shadow._idx = offset, idx
+    mask = np.zeros((S, n + S), bool)
+    for i in range(S):
+        one = shadow.make_mask(1, window_size=window_size)
+        tag = mx.full((1, 1, 1, 1), n + i + 1, mx.float32)
+        seen = np.array(shadow.update_and_fetch(tag, tag)[0]).reshape(-1)
+        if one is not None:
+            seen = seen[np.array(one).reshape(-1)]
+        mask[i, seen[seen > 0].astype(np.int64) - 1] = True
+    return mask
+
+
+class _RecordingRotating:
+    """Mixin put in front of a ``RotatingKVCache``'s class, per instance (see :func:`attach`).
+
+    With ``_ngram_verify`` off every call is mlx-lm's. During a verify forward the cache is not
+    written: ``update_and_fetch`` returns its rows followed by the S new ones (kept for
+    :meth:`ngram_keep`) and ``make_mask`` gives :func:`single_step_mask`.
+    """
+
+    _ngram_verify = False
+    _ngram_new = None
+
+    def make_mask(self, N, window_size=None, return_array=False):
+        if not self._ngram_verify:
+            return super().make_mask(N, window_size=window_size, return_array=return_array)
+        L = 0 if self.keys is None else self.keys.shape[2]
+        return mx.array(single_step_mask(L, self.offset, self.keep, self.max_size, self._idx,
+                                         window_size, N))
+
+    def update_and_fetch(self, keys, values):
+        if not self._ngram_verify:
+            return super().update_and_fetch(keys, values)
+        self._ngram_new = (keys, values)
+        if self.keys is None:
+            return keys, values
+        old_keys, old_values = self.keys_and_values()
+        return mx.concatenate([old_keys, keys], axis=2), mx.concatenate([old_values, values], axis=2)
+
+    def ngram_keep(self, m: int) -> None:
+        """Write the first m rows of the last verify forward, one mlx-lm one-token update each."""
+        keys, values = self._ngram_new
+        self._ngram_new = None
+        for t in range(m):
+            super().update_and_fetch(keys[..., t:t + 1, :], values[..., t:t + 1, :])
+
+
+def _gdn_layer(layer: nn.Module):
+    """The GatedDeltaNet module of a decoder layer, or None if it has none."""
+    module = getattr(layer, "linear_attn", None)
+    return module if isinstance(module, nn.Module) else None
+
+
+def _snapshot(value):
+    """A copy of ``value`` that later in-place writes to its arrays do not reach (arrays get new
+    handles; lists, tuples and dicts are copied; other values are kept)."""
+    if isinstance(value, mx.array):
+        return mx.array(value)
+    if type(value) in (list, tuple):
+        return type(value)(_snapshot(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _snapshot(v) for k, v in value.items()}
+    return value
+
+
+def _state_layer_name(layer: nn.Module | None) -> str:
+    """Class name of the sub-module of a decoder layer that holds recurrent state (for reports)."""
+    if layer is None:
+        return "unknown layer"
+    for name in ("linear_attn", "mixer", "mamba", "temporal_block", "conv", "attn", "attention",
+                 "self_attn", "time_mixer"):
+        module = getattr(layer, name, None)
+        if isinstance(module, nn.Module):
+            return type(module).__name__
+    return type(layer).__name__
+
+
+class VerifyCache:
+    """A model and its prompt cache, for verify forwards that can be cut back to any prefix.
+
+    >>> from mlx_backend.models.tiny import tiny_model
+    >>> from mlx_lm.models.cache import make_prompt_cache
+    >>> model = tiny_model("qwen3_5")
+    >>> cache = make_prompt_cache(model)
+    >>> vc = VerifyCache(model, cache)
+    >>> logits = vc.forward([5, 6, 7, 8])   # S = 4 tokens
+    >>> vc.keep(2)                           # the cache now holds tokens 5, 6 only
+    >>> cache[1].offset
+    2
+    >>> vc.close()
+    """
+
+    def __init__(self, model: nn.Module, cache: list[Any], gdn_path: str | None = None):
+        gdn_path = gdn_path or default_gdn_path()
+        if gdn_path not in GDN_PATHS:
+            raise ValueError(f"gdn_path must be one of {GDN_PATHS}, got {gdn_path!r}")
+        self.model, self.cache, self.gdn_path = model, cache, gdn_path
+        self.gdn: list[tuple[nn.Module, ArraysCache]] = []
+        self.rotating: list[RotatingKVCache] = []
+        self.trimmed: list[Any] = []
+        self.replayed: list[Any] = []           # restored from a snapshot and re-run (see keep)
+        self.replayed_layers: set[str] = set()   # what they hold, for reports
+        layers = list(getattr(model, "layers", []))
+        for i, top in enumerate(cache):
+            layer = layers[i] if len(layers) == len(cache) else None
+            for c in (top.caches if isinstance(top, CacheList) else [top]):
+                if isinstance(c, ArraysCache):
+                    if c.lengths is not None or c.left_padding is not None:
+                        raise RollbackUnsupported(f"cache {i} is a batched ArraysCache (lengths / left "
+                                                  f"padding); speculative decoding runs batch size 1")
+                    gdn = _gdn_layer(layer) if layer is not None else None
+                    if gdn is not None and gdn_projections(gdn) is not None:
+                        self.gdn.append((attach(gdn), c))
+                    else:
+                        self.replayed.append(c)
+                        self.replayed_layers.add(_state_layer_name(layer))
+                elif isinstance(c, RotatingKVCache):
+                    self.rotating.append(attach(c, _RecordingRotating))
+                elif hasattr(c, "trim") and c.is_trimmable():
+                    self.trimmed.append(c)
+                else:
+                    self.replayed.append(c)
+                    self.replayed_layers.add(type(c).__name__)
+        self.S = 0
+        self.recorded = False
+        self.tokens = self.checkpoint = None
+        self.n_replays = 0
+
+    def forward(self, tokens, record: bool | None = None) -> mx.array:
+        """Logits ``[S, vocab]`` of the model over ``tokens``, recording what :meth:`keep` needs.
+
+        ``record`` defaults to ``S > 1``: a 1-token forward (nothing to verify) runs mlx-lm's own
+        layer and cache code and can then only be kept whole (``keep(1)``).
+        """
+        tokens = mx.array(tokens, dtype=mx.uint32) if not isinstance(tokens, mx.array) else tokens
+        S = tokens.size
+        record = S > 1 if record is None else record
+        for layer, _ in self.gdn:
+            attach(layer)
+            layer._ngram_path = self.gdn_path if record else None
+            layer._ngram_record = None
+        for c in self.rotating:
+            attach(c, _RecordingRotating)
+            c._ngram_verify = record
+        if record and self.replayed:
+            self.tokens, self.checkpoint = tokens, [_snapshot(vars(c)) for c in self.replayed]
+        try:
+            logits = self.model(tokens.reshape(1, S), cache=self.cache)
+        finally:
+            for layer, _ in self.gdn:
+                layer._ngram_path = None
+            for c in self.rotating:
+                c._ngram_verify = False
+        self.S, self.recorded = S, record
+        return logits[0]
+
+    def keep(self, m: int) -> None:
+        """Cut every layer back to the first ``m`` tokens of the last :meth:`forward`.
+
+        Caches neither trimmed, recorded nor rotating (:attr:`replayed`: recurrent layers the GDN
+        recorder does not know, other cache types) are exact too, at the cost of a second forward:
+        for ``m < S`` every layer goes back to before the forward (those caches to the snapshot of
+        their attributes taken before it) and the model re-runs the first m tokens.
+        """
+        if not 0 <= m <= self.S:
+            raise ValueError(f"keep(m) needs 0 <= m <= S = {self.S}, got {m}")
+        if m < self.S and not self.recorded:
+            raise ValueError("keep(m < S) needs a forward with record=True")
+        if m < self.S and self.replayed:
+            tokens = self.tokens
+            self._cut(0)
+            for c, saved in zip(self.replayed, self.checkpoint):
+                vars(c).update(saved)
+            self.tokens = self.checkpoint = None
+            if m:
+                self.n_replays += 1
+                self.forward(tokens[:m])
+                self.keep(m)
+            return
+        self._cut(m)
+        self.tokens = self.checkpoint = None
+
+    def _cut(self, m: int) -> None:
+        if m < self.S:
+            for c in self.trimmed:
+                c.trim(self.S - m)
+            for layer, c in self.gdn:
+                rec = layer._ngram_record
+                K = layer.conv_kernel_size
+                c[0] = mx.contiguous(rec.conv_input[:, m:m + K - 1])
+                c[1] = rec.state_after(m, layer)
+        if self.recorded:
+            for c in self.rotating:
+                c.ngram_keep(m)
+        for layer, _ in self.gdn:
+            layer._ngram_record = None
+        self.S, self.recorded = 0, False
+
+    def close(self) -> None:
+        """Give the GDN layers and the rotating caches back their own class."""
+        _detach_all([layer for layer, _ in self.gdn] + self.rotating)
+
+
+def _detach_all(layers) -> None:
+    for layer in layers:
+        detach(layer)

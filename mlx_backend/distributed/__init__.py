@@ -1,0 +1,1 @@
+"""Speculation on a model sharded over several processes (``mlx.launch``)."""

@@ -1,0 +1,1 @@
+"""What this machine offers and keeps: the BLAS that serves mlx, the user's cache directory."""

@@ -1,0 +1,1 @@
+"""Models: GGUF files and their tokenizer, tiny random models, the architecture compatibility matrix."""

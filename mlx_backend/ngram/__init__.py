@@ -1,0 +1,1 @@
+"""The n-gram lookup on arrays: hash and sorted tables, cache files, the drafter, the replay."""

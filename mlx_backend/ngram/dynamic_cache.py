@@ -1,0 +1,46 @@
+"""The dynamic n-gram cache ``c_dyn`` across runs: load, learn from this run, save atomically.
+
+As llama.cpp's lookup example (``--lookup-cache-dynamic``): ``c_dyn`` is loaded before generation
+(empty if the file does not exist yet), used read-only for drafting, and at the end the run's
+context cache ``c_ctx`` is merged into it and the result written back with
+:func:`reference.atomic.atomic_write` (a temporary file in the same directory, fsync'ed, renamed over
+the old one), so an interrupted run leaves either the old or the new cache, never a truncated one.
+
+>>> import tempfile, os, reference.ngram.api as api
+>>> path = os.path.join(tempfile.mkdtemp(), "dyn.bin")
+>>> c_dyn = load_dynamic(path, api)          # no file yet: an empty cache
+>>> api.cache_entries(c_dyn)
+[]
+>>> run = api.NgramDrafter(c_dyn=c_dyn); run.reset([5, 6, 7, 5, 6])
+>>> learned = save_dynamic(path, c_dyn, run.c_ctx, api)
+>>> api.cache_entries(load_dynamic(path, api)) == api.cache_entries(learned)
+True
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import ModuleType
+
+
+def _api(api: ModuleType | None) -> ModuleType:
+    if api is None:
+        from mlx_backend.ngram.default import ngram_api
+        api = ngram_api()
+    return api
+
+
+def load_dynamic(path: str | os.PathLike, api: ModuleType | None = None):
+    """The cache stored at ``path``, or an empty cache if there is no such file yet."""
+    api = _api(api)
+    if not Path(path).exists():
+        return api.merge_caches([])
+    return api.load_cache(path)
+
+
+def save_dynamic(path: str | os.PathLike, c_dyn, c_ctx, api: ModuleType | None = None):
+    """Merge ``c_ctx`` into (a copy of) ``c_dyn``, write it to ``path`` atomically, return it."""
+    api = _api(api)
+    learned = api.merge_caches([c for c in (c_dyn, c_ctx) if c is not None])
+    api.save_cache(learned, path)  # both backends write through reference.atomic.atomic_write
+    return learned

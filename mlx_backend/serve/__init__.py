@@ -1,0 +1,1 @@
+"""The OpenAI-compatible server: mlx-lm's own, with n-gram speculation."""

@@ -1,0 +1,791 @@
+"""``ngram-spec serve``: mlx-lm's OpenAI-compatible server, with n-gram speculative generation.
+
+The HTTP side is ``mlx_lm.server`` itself: its ``APIHandler`` (request parsing, validation, chat
+templates, tool calls, SSE streaming), its ``ResponseGenerator`` (the generation thread, the request
+queue, stop sequences, the LRU of prompt caches) and its ``_run_http_server``. Three seams plug ours in:
+
+* the **draft-model seam**: ``ModelProvider.draft_model`` is an :class:`NgramSpeculator` (server-wide
+  drafting state: static and dynamic n-gram caches, totals). As with any draft model, mlx-lm then serves
+  requests one at a time through ``ResponseGenerator._serve_single`` (no batching);
+* ``_serve_single`` is mlx-lm's own code, run with the name ``stream_generate`` bound to
+  :meth:`SpecResponseGenerator.stream_generate` (the function is rebuilt from mlx-lm's code object with
+  that one global replaced; no mlx-lm module is modified);
+* the **prompt-cache LRU** (:class:`HeldPromptCache`) stores each cache under the tokens it really holds:
+  after a speculative run that is the accepted tokens only (rejected drafts were rolled back, see
+  :mod:`mlx_backend.decode.rollback`), which may be one token less than the text (the last token was never fed)
+  or a few accepted tokens more (the client stopped inside a verify step). So reuse stays exact for
+  hybrid models, whose GatedDeltaNet state cannot be trimmed afterwards.
+
+Per request (JSON body): ``"speculative": false`` (mlx-lm's own plain generation), ``"draft_max"`` /
+``"n_draft"`` / ``"num_draft_tokens"`` (drafts per step; ``0`` = plain, ``null`` = the cost-aware policy),
+``"user"`` (scope of the dynamic cache with ``--dynamic-scope user``). Every response carries
+``usage.completion_tokens_details.accepted_prediction_tokens`` / ``rejected_prediction_tokens`` and a
+``timings`` object with llama.cpp's names (``draft_n``, ``draft_n_accepted``, ...); ``GET /v1/stats`` has
+the totals. A request's error is that request's; a failure of the generation worker is logged with its
+traceback, answered with HTTP 500 to every request in flight or waiting, and stops the server with exit
+status 1 (:class:`SpecResponseGenerator`). See docs/server.md.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import signal
+import sys
+import threading
+import time
+import types
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+from queue import Empty as QueueEmpty
+from typing import Any, Optional
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm import __version__ as MLX_LM_VERSION
+from mlx_lm import server as mlx_server
+from mlx_lm.generate import stream_generate as plain_stream_generate
+from mlx_lm.models.cache import LRUPromptCache
+
+from reference.drafter import Drafter
+from mlx_backend.ngram.api import HashTable, as_table, load_cache
+from mlx_backend.ngram.dynamic_cache import load_dynamic, save_dynamic
+from mlx_backend.decode.generate import SpecStats, stream_generate as spec_stream_generate
+from mlx_backend.ngram.default import default_drafter
+
+log = logging.getLogger("ngram_spec.server")
+
+# Body fields mlx_lm.server reads (APIHandler.do_POST, handle_*_completions), ours, and OpenAI fields that
+# change nothing here. Anything else is refused (400), as OpenAI's API does, instead of silently ignored.
+MLX_LM_FIELDS = frozenset((
+    "stream", "stream_options", "model", "draft_model", "num_draft_tokens", "adapters", "max_completion_tokens",
+    "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "repetition_context_size",
+    "presence_penalty", "presence_context_size", "frequency_penalty", "frequency_context_size", "xtc_probability",
+    "xtc_threshold", "logit_bias", "logprobs", "top_logprobs", "seed", "chat_template_kwargs", "stop", "messages",
+    "tools", "role_mapping", "prompt"))
+SPEC_FIELDS = frozenset(("speculative", "draft_max", "n_draft"))
+OPENAI_FIELDS = frozenset(("user", "n", "tool_choice", "parallel_tool_calls"))
+
+
+class RequestError(ValueError):
+    """A request the server refuses with HTTP ``status`` (raised in the generation thread, e.g. too long)."""
+
+    status = 400
+
+
+class ModelNotServed(LookupError):
+    """The request names a model this server does not serve (HTTP 404, OpenAI's ``model_not_found``)."""
+
+
+class WorkerFailure(RuntimeError):
+    """The generation worker failed: the answer (HTTP 500) of every request in flight or waiting, after which
+    the server stops and exits with status 1 (see :class:`SpecResponseGenerator`)."""
+
+    status = 500
+
+
+class _WorkerStopped(Exception):
+    """Raised out of ``serve_forever`` (:meth:`SpecHTTPServer.service_actions`) once the worker has failed."""
+
+
+ANSWER_TIMEOUT_S = 10.0  # after a worker failure: how long the handlers get to send their error answers
+
+
+@dataclasses.dataclass
+class RequestSpec:
+    """Per-request speculation settings and what the generation reports back to the handler."""
+
+    speculative: bool
+    draft_max: Optional[int]
+    user: Optional[str]
+    stats: SpecStats = dataclasses.field(default_factory=SpecStats)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    t_prompt: float = 0.0
+    t_generate: float = 0.0
+    cancelled: bool = False  # the client went away mid-response
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+    def timings(self) -> dict:
+        """llama.cpp's ``timings`` (server.cpp ``result_timings``) plus tokens per decode forward."""
+        s = self.stats
+        prompt_n = self.prompt_tokens - self.cached_tokens
+        return {
+            "cache_n": self.cached_tokens, "prompt_n": prompt_n, "prompt_ms": 1e3 * self.t_prompt,
+            "prompt_per_second": prompt_n / self.t_prompt if self.t_prompt else 0.0,
+            "predicted_n": s.n_tokens, "predicted_ms": 1e3 * self.t_generate,
+            "predicted_per_second": s.n_tokens / self.t_generate if self.t_generate else 0.0,
+            "draft_n": s.n_drafted, "draft_n_accepted": s.n_accept,
+            "decode_forwards": s.steps, "tokens_per_forward": s.tokens_per_forward,
+            "speculative": self.speculative,
+            "draft_max": 0 if not self.speculative else "auto" if self.draft_max is None else self.draft_max,
+        }
+
+    def prediction_details(self) -> dict:
+        """OpenAI's ``usage.completion_tokens_details`` names for drafted tokens the model kept / rejected."""
+        return {"accepted_prediction_tokens": self.stats.n_accept,
+                "rejected_prediction_tokens": self.stats.n_drafted - self.stats.n_accept}
+
+
+@dataclasses.dataclass
+class SpecCompletionRequest(mlx_server.CompletionRequest):
+    """mlx-lm's ``CompletionRequest`` carrying the request's :class:`RequestSpec`."""
+
+    spec: Optional[RequestSpec] = None
+
+
+class _EosCutDrafter:
+    """A drafter seeing the whole prompt (the prompt cache's prefix too) that never drafts past an EOS token.
+
+    ``ngram_speculative_generate_step`` resets the drafter with the uncached rest of the prompt; the
+    n-gram context cache must count the whole conversation, so ``prefix`` is prepended. Tokens after an
+    EOS are never shown to the client, so drafting them would only leave unwanted rows in the cache.
+    """
+
+    def __init__(self, inner: Drafter, prefix: list[int], eos: set[int]):
+        self.inner, self.prefix, self.eos = inner, prefix, eos
+
+    def reset(self, prompt) -> None:
+        self.inner.reset(self.prefix + [int(t) for t in prompt])
+
+    def extend(self, tokens) -> None:
+        self.inner.extend(tokens)
+
+    def draft(self, n: int) -> list[int]:
+        proposal = self.inner.draft(n)
+        for i, t in enumerate(proposal):
+            if t in self.eos:
+                return proposal[:i + 1]
+        return proposal
+
+    @property
+    def tokens(self):
+        return self.inner.tokens
+
+
+def _scope_file(directory: Path, user: str) -> Path:
+    """The dynamic-cache file of ``user`` under ``directory`` (a hash: user names never appear on disk)."""
+    return directory / f"user-{hashlib.sha256(user.encode()).hexdigest()[:32]}.ngram"
+
+
+class NgramSpeculator:
+    """Server-wide drafting state, plugged in where mlx-lm's server keeps its draft model.
+
+    ``c_st``: a static cache (read only). Dynamic caches ``c_dyn`` learn from every completed response
+    (the n-grams whose followers are response tokens) and are used by later requests: one for the whole
+    server (``scope="server"``, file ``dynamic``) or one per request ``user`` (``scope="user"``, files
+    under the directory ``dynamic``; requests without ``user`` then neither use nor feed one). Saved
+    atomically (:func:`mlx_backend.ngram.dynamic_cache.save_dynamic`) every ``save_every`` completed requests
+    and on shutdown.
+    """
+
+    def __init__(self, *, draft_max: Optional[int] = None, speculative: bool = True, static=None,
+                 dynamic: Optional[str] = None, scope: str = "server", save_every: int = 20):
+        if scope not in ("server", "user"):
+            raise ValueError(f"--dynamic-scope must be server or user, got {scope!r}")
+        if save_every < 1:
+            raise ValueError(f"--save-every must be at least 1, got {save_every}")
+        self.draft_max, self.speculative, self.scope, self.save_every = draft_max, speculative, scope, save_every
+        self.c_st = None if static is None else load_cache(static)
+        self.path = None if dynamic is None else Path(dynamic)
+        self.c_dyn: dict[Optional[str], Any] = {}
+        self._dirty: set = set()
+        if self.path is not None and scope == "user":
+            self.path.mkdir(parents=True, exist_ok=True)
+        elif self.path is not None:
+            self.c_dyn[None] = as_table(load_dynamic(self.path), copy=False)
+        self.lock = threading.Lock()
+        self.totals = {"requests": 0, "speculative_requests": 0, "completed": 0, "cancelled": 0,
+                       "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0, "decode_forwards": 0,
+                       "draft_n": 0, "draft_n_accepted": 0, "generation_seconds": 0.0, "dynamic_saves": 0}
+        self._since_save = 0
+
+    def make_cache(self) -> list:
+        """mlx-lm appends the draft model's cache to the model's (``make_prompt_cache``): none here."""
+        return []
+
+    def _key(self, user: Optional[str]):
+        return None if self.scope == "server" else user
+
+    def dynamic_for(self, user: Optional[str]):
+        """The dynamic cache that drafts for ``user`` (``None``: none in use)."""
+        if self.scope == "user" and user is None:
+            return None
+        key = self._key(user)
+        if key not in self.c_dyn:
+            if self.path is not None and self.scope == "user":
+                self.c_dyn[key] = as_table(load_dynamic(_scope_file(self.path, user)), copy=False)
+            else:
+                self.c_dyn[key] = HashTable()
+        return self.c_dyn[key]
+
+    def drafter(self, user: Optional[str], prefix: list[int], eos: set[int]) -> Drafter:
+        return _EosCutDrafter(default_drafter(c_st=self.c_st, c_dyn=self.dynamic_for(user)), prefix, eos)
+
+    def finish(self, spec: RequestSpec, history: list[int], n_prompt: int, completed: bool) -> None:
+        """Count the request; learn its response n-grams if it completed; save every ``save_every``."""
+        s = spec.stats
+        with self.lock:
+            t = self.totals
+            t["requests"] += 1
+            t["speculative_requests"] += spec.speculative
+            t["completed" if completed else "cancelled"] += 1
+            t["prompt_tokens"] += spec.prompt_tokens
+            t["cached_tokens"] += spec.cached_tokens
+            t["completion_tokens"] += s.n_tokens
+            t["decode_forwards"] += s.steps
+            t["draft_n"] += s.n_drafted
+            t["draft_n_accepted"] += s.n_accept
+            t["generation_seconds"] += spec.t_generate
+        if not completed or (self.scope == "user" and spec.user is None):
+            return
+        table = self.dynamic_for(spec.user)
+        table.update(np.asarray(history, np.int32), n_prompt, len(history))
+        self._dirty.add(self._key(spec.user))
+        self._since_save += 1
+        if self.path is not None and self._since_save >= self.save_every:
+            self.save()
+
+    def save(self) -> None:
+        """Write every changed dynamic cache to its file atomically."""
+        if self.path is None:
+            return
+        for key in sorted(self._dirty, key=str):
+            path = self.path if self.scope == "server" else _scope_file(self.path, key)
+            save_dynamic(path, self.c_dyn[key], None)
+        if self._dirty:
+            with self.lock:
+                self.totals["dynamic_saves"] += 1
+            log.info("saved %d dynamic n-gram cache(s) to %s", len(self._dirty), self.path)
+        self._dirty.clear()
+        self._since_save = 0
+
+    def stats(self) -> dict:
+        """Totals since start (``GET /v1/stats``)."""
+        with self.lock:
+            t = dict(self.totals)
+        t["accept"] = 100.0 * t["draft_n_accepted"] / t["draft_n"] if t["draft_n"] else 0.0
+        t["tokens_per_forward"] = t["completion_tokens"] / t["decode_forwards"] if t["decode_forwards"] else 0.0
+        t["predicted_per_second"] = (t["completion_tokens"] / t["generation_seconds"]
+                                     if t["generation_seconds"] else 0.0)
+        t["dynamic_caches"] = {("server" if k is None else f"user {hashlib.sha256(k.encode()).hexdigest()[:8]}"):
+                               {"ngrams": len(v), "entries": v.n_entries()} for k, v in list(self.c_dyn.items())}
+        t["draft_max"] = "auto" if self.draft_max is None else self.draft_max
+        t["speculative"] = self.speculative
+        return t
+
+
+class HeldPromptCache(LRUPromptCache):
+    """mlx-lm's LRU of prompt caches, storing a cache under the tokens it really holds when told (:meth:`hold`)."""
+
+    _held: Optional[tuple[list, list[int]]] = None
+
+    def hold(self, prompt_cache: list, tokens: list[int]) -> None:
+        """The next :meth:`insert_cache` of ``prompt_cache`` stores it under ``tokens``."""
+        self._held = (prompt_cache, tokens)
+
+    def insert_cache(self, model, tokens, prompt_cache, **kwargs):
+        held, self._held = self._held, None
+        if held is not None and held[0] is prompt_cache:
+            tokens = held[1]
+        super().insert_cache(model, tokens, prompt_cache, **kwargs)
+
+
+def held_tokens(prompt_cache: list) -> int:
+    """How many tokens the cache holds: the offset of its attention layers (every mlx-lm LLM has one)."""
+    return next(c.offset for c in prompt_cache if hasattr(c, "offset"))
+
+
+class InjectedModelProvider(mlx_server.ModelProvider):
+    """mlx-lm's ``ModelProvider`` holding a model loaded by us (a GGUF file or an mlx-lm directory)."""
+
+    def __init__(self, cli_args, model, tokenizer, model_id: str, speculator: NgramSpeculator):
+        super().__init__(cli_args)
+        self.model_id = model_id
+        self._served = (model, tokenizer, speculator)
+        self._install()
+
+    def _install(self) -> None:
+        self.model, self.tokenizer, self.draft_model = self._served
+        self.model_key, self.processor, self.is_batchable = (self.model_id, None, None), None, False
+
+    def load(self, model_path, adapter_path=None, draft_model_path=None):
+        if model_path not in ("default_model", self.model_id):
+            raise ModelNotServed(f"The model `{model_path}` does not exist on this server; it serves "
+                                 f"`{self.model_id}`")
+        if adapter_path is not None or draft_model_path not in (None, "default_model"):
+            raise ModelNotServed("this server serves no adapters or draft models (n-gram speculation needs none)")
+        if self.model is None:
+            self._install()
+        return self.model, self.tokenizer
+
+
+def _rebind(function, **names):
+    """``function`` with the global ``names`` bound to other objects (its own module is left unchanged)."""
+    scope = dict(function.__globals__, **names)
+    out = types.FunctionType(function.__code__, scope, function.__name__, function.__defaults__, function.__closure__)
+    out.__kwdefaults__ = function.__kwdefaults__
+    return out
+
+
+class SpecResponseGenerator(mlx_server.ResponseGenerator):
+    """mlx-lm's ``ResponseGenerator``; its single-sequence path generates with n-gram speculation.
+
+    Failures follow mlx-lm's split between one request's error and the generation thread's death, the
+    latter made fatal. A request's own error stays that request's (mlx-lm answers it; the server keeps
+    serving): anything raised while the request is set up (validation, chat template, tokenization, a
+    :class:`RequestError`) and a ``ValueError`` raised by its generation (mlx and mlx-lm's samplers raise
+    ``ValueError`` for arguments they refuse, e.g. a ``top_k`` beyond the vocabulary). Any other exception
+    raised by the generation itself (prefill, model forwards, the n-gram drafter, verification, rollback,
+    the dynamic cache) or escaping mlx-lm's generation loop is the worker's failure: the shared state
+    (prompt caches, dynamic caches, mlx's streams) is in an unknown state and every later request would
+    meet the same broken model, BLAS or code. It is logged with its traceback, the request in flight and
+    every waiting one are answered with HTTP 500 (:class:`WorkerFailure`, naming the exception), the HTTP
+    server stops accepting connections and ``run_serve`` returns 1, for a supervisor to restart it.
+    """
+
+    def __init__(self, model_provider: InjectedModelProvider, prompt_cache: HeldPromptCache,
+                 n_ctx: Optional[int] = None):
+        self.n_ctx = n_ctx
+        self._current: Optional[tuple[SpecCompletionRequest, list[int]]] = None
+        self.failure: Optional[BaseException] = None  # the worker's failure, once it failed
+        self.failed = threading.Event()  # set once the waiting requests have been answered with it
+        self._answering = threading.Condition()
+        self._n_answering = 0
+        serve_single = types.MethodType(
+            _rebind(mlx_server.ResponseGenerator._serve_single, stream_generate=self.stream_generate), self)
+
+        def serve_single_or_fail(request, stream):
+            serve_single(request, stream)  # a failure of the generation is already that request's answer
+            if self.failure is not None:
+                raise self.failure  # out of mlx-lm's generation loop: the worker stops (_run_generate)
+
+        self._serve_single = serve_single_or_fail
+        super().__init__(model_provider, prompt_cache)
+
+    def _run_generate(self):
+        """mlx-lm's generation thread (its ``_generate`` loop), failing the server if it raises, and
+        destroying the mlx streams it made before it ends: a thread-local stream left to the thread's
+        teardown can abort the process at exit (mlx's ``clear_streams``)."""
+        try:
+            self._generate()
+        except BaseException as exc:  # noqa: BLE001 (whatever ends the worker fails the server)
+            self._fail(exc)
+        finally:
+            mx.clear_streams()
+
+    def _fail(self, exc: BaseException) -> None:
+        """The worker failed with ``exc``: log it, answer every waiting request, let the server stop."""
+        self.failure = self.failure or exc
+        self._generation_failed = True  # mlx-lm's flag: /health answers 503, new requests are refused
+        log.critical("the generation worker failed: %s: %s. Requests in flight and waiting are answered with "
+                     "HTTP 500; the server stops (exit status 1)", type(exc).__name__, exc, exc_info=exc)
+        error = self.failure_error()
+        while True:  # a request queued after this is refused by _await_response within its 1 s poll
+            try:
+                rqueue = self.requests.get_nowait()[0]
+            except QueueEmpty:
+                break
+            rqueue.put(error)
+        self.failed.set()
+
+    def failure_error(self) -> WorkerFailure:
+        f = self.failure
+        return WorkerFailure(f"the server's generation worker failed ({type(f).__name__}: {f}); the server "
+                             "is stopping")
+
+    def generate(self, request, generation_args, progress_callback=None):
+        if self.failure is not None:
+            raise self.failure_error()
+        return super().generate(request, generation_args, progress_callback)
+
+    def _await_response(self, response_queue):
+        try:
+            return super()._await_response(response_queue)
+        except RuntimeError:  # mlx-lm's "generation thread died"
+            if self.failure is None:
+                raise
+            raise self.failure_error() from None
+
+    @contextlib.contextmanager
+    def answering(self):
+        """Held by each request's handler while it answers (:meth:`wait_answered` waits for none left)."""
+        with self._answering:
+            self._n_answering += 1
+        try:
+            yield
+        finally:
+            with self._answering:
+                self._n_answering -= 1
+                self._answering.notify_all()
+
+    def wait_answered(self, timeout: float) -> bool:
+        with self._answering:
+            return self._answering.wait_for(lambda: self._n_answering == 0, timeout)
+
+    def _tokenize(self, tokenizer, request, args):
+        result = super()._tokenize(tokenizer, request, args)
+        prompt = result[0]
+        if self.n_ctx is not None and len(prompt) + args.max_tokens > self.n_ctx:
+            raise RequestError(
+                f"This model's maximum context length is {self.n_ctx} tokens; the request needs "
+                f"{len(prompt) + args.max_tokens} ({len(prompt)} in the prompt + {args.max_tokens} max_tokens): "
+                "shorten the prompt or lower max_tokens")
+        waiting = self.requests.qsize()
+        if waiting:
+            log.info("%d more request(s) waiting: requests are served one at a time (no batched speculation, "
+                     "docs/server.md)", waiting)
+        self._current = (request, list(prompt))
+        return result
+
+    def stream_generate(self, *args, **kwargs):
+        """What ``_serve_single`` calls instead of ``mlx_lm.generate.stream_generate``
+        (:meth:`_stream_generate`); an exception other than a ``ValueError`` is the worker's failure."""
+        try:
+            yield from self._stream_generate(*args, **kwargs)
+        except ValueError:  # this request's (RequestError, or arguments mlx refuses): the server keeps serving
+            raise
+        except Exception as exc:
+            self.failure = exc
+            raise self.failure_error() from exc
+
+    def _stream_generate(self, model, tokenizer, prompt, max_tokens, draft_model=None, num_draft_tokens=None,
+                         prompt_cache=None, **kwargs):
+        """``draft_model`` is the :class:`NgramSpeculator`; the request and its full prompt come from
+        :meth:`_tokenize`, called just before by ``_serve_single`` in the same (generation) thread.
+        """
+        request, full = self._current
+        spec, speculator = request.spec, draft_model
+        rest = [int(t) for t in prompt]
+        n_cached = len(full) - len(rest)
+        spec.prompt_tokens, spec.cached_tokens = len(full), n_cached
+        drafter = None
+        if spec.speculative and spec.draft_max != 0:
+            if kwargs.get("input_embeddings") is not None:
+                raise RequestError("images are not supported by ngram-spec serve")
+            drafter = speculator.drafter(spec.user, full[:n_cached], set(tokenizer.eos_token_ids))
+            progress = kwargs.get("prompt_progress_callback") or (lambda *_: None)
+            progress(0, len(rest))
+            responses = spec_stream_generate(
+                model, tokenizer, mx.array(rest), max_tokens, sampler=kwargs.get("sampler"),
+                logits_processors=kwargs.get("logits_processors"), prompt_cache=prompt_cache,
+                prefill_step_size=kwargs.get("prefill_step_size", 2048), draft_max=spec.draft_max,
+                drafter=drafter, stats=spec.stats)
+        else:
+            spec.speculative = False
+            responses = plain_stream_generate(model, tokenizer, mx.array(rest), max_tokens,
+                                              prompt_cache=prompt_cache, **kwargs)
+        yielded: list[int] = []
+        completed = False
+        t0 = t1 = time.perf_counter()
+        try:
+            for response in responses:
+                if not yielded:
+                    t1 = time.perf_counter()
+                    spec.t_prompt = t1 - t0
+                    if drafter is not None:
+                        progress(len(rest), len(rest))
+                yielded.append(int(response.token))
+                yield response
+            completed = True
+        except GeneratorExit:  # _serve_single stopped reading: finished (EOS, length, stop word) or client gone
+            completed = not spec.cancelled
+            raise
+        finally:
+            responses.close()
+            spec.t_generate = time.perf_counter() - t1
+            if drafter is None:
+                spec.stats.n_tokens = spec.stats.steps = len(yielded)
+                history = full + yielded
+            else:
+                history = [int(t) for t in drafter.tokens]
+            self.prompt_cache.hold(prompt_cache, history[:held_tokens(prompt_cache)])
+            try:
+                speculator.finish(spec, full + yielded, len(full), completed)
+            finally:
+                spec.done.set()
+
+
+class SpecAPIHandler(mlx_server.APIHandler):
+    """mlx-lm's ``APIHandler`` plus the speculation fields, metrics in every response, ``GET /v1/stats``
+    and OpenAI-style error bodies (``{"error": {"message", "type", "param", "code"}}``)."""
+
+    _status = 0  # the status sent, 0 before any
+    _error: Optional[BaseException] = None  # the exception being answered, if any
+    _headers_sent = False
+    spec: Optional[RequestSpec] = None
+
+    def setup(self):
+        super().setup()
+        self.wfile = _OpenAIErrorBodies(self.wfile, self)
+
+    def send_response(self, code, message=None):
+        # mlx-lm answers every failure of a request's setup with 404 (meant for "model not found"); a
+        # RequestError raised in the generation thread (e.g. a prompt beyond the context) is the client's: 400
+        # (and a WorkerFailure: 500)
+        exc = sys.exc_info()[1]
+        if code == 404 and isinstance(exc, (RequestError, WorkerFailure)):
+            code = exc.status
+        self._status, self._error = code, exc
+        super().send_response(code, message)
+
+    def end_headers(self):
+        self._headers_sent = True
+        super().end_headers()
+
+    def do_POST(self):
+        with self.response_generator.answering():
+            try:
+                super().do_POST()
+            except (ValueError, AssertionError) as exc:  # mlx-lm 0.32.0 lets bad-request errors escape do_POST
+                if self._status:
+                    raise
+                self._set_completion_headers(400)
+                self.end_headers()
+                self.wfile.write(json.dumps({"error": str(exc)}).encode())
+
+    def handle_completion(self, request, stop_words):
+        """mlx-lm's, answering an error raised once the response has begun (mlx-lm lets it escape and the
+        connection is dropped): an error response if nothing was sent yet, else a last ``data: {"error":
+        ...}`` event (the ``openai`` client raises it as an ``APIError``); then the connection is closed."""
+        try:
+            super().handle_completion(request, stop_words)
+        except Exception as exc:
+            if isinstance(exc, OSError):  # writing failed: the client went away, there is no one to answer
+                raise
+            status = getattr(exc, "status", 400 if isinstance(exc, ValueError) else 500)
+            if not isinstance(exc, WorkerFailure):  # the worker logged its own failure
+                log.error("request failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
+            error = {"message": str(exc), "type": _ERROR_TYPES.get(status, "server_error"), "param": None,
+                     "code": None}
+            self.close_connection = True
+            if self._headers_sent:  # a stream has begun (a whole non-streamed answer was sent: nothing to add)
+                if self.stream:
+                    self.wfile.write(f"data: {json.dumps({'error': error})}\n\n".encode())
+                    self.wfile.flush()
+            else:  # the success headers are still buffered: replace them
+                self._headers_buffer = []
+                self._json(status, {"error": error})
+
+    def validate_model_parameters(self) -> None:
+        super().validate_model_parameters()
+        body = self.body
+        if self.max_tokens < 1:  # mlx-lm 0.32.0 accepts 0 and then fails mid-response
+            raise ValueError("max_tokens must be at least 1")
+        unknown = sorted(set(body) - MLX_LM_FIELDS - SPEC_FIELDS - OPENAI_FIELDS)
+        if unknown:
+            raise ValueError(f"Unrecognized request argument(s) supplied: {', '.join(unknown)}")
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number")
+        if body.get("n", 1) != 1:
+            raise ValueError("n must be 1 (one choice per request)")
+        if body.get("tool_choice", "auto") not in ("auto", "none"):
+            raise ValueError("tool_choice must be 'auto' or 'none' on this server")
+        if "messages" in body and not (isinstance(body["messages"], list) and body["messages"]
+                                       and all(isinstance(m, dict) and "role" in m for m in body["messages"])):
+            raise ValueError("messages must be a non-empty list of objects with a role")
+        if "prompt" in body and not isinstance(body["prompt"], str):
+            raise ValueError("prompt must be a string")
+        if self.seed is not None and not 0 <= self.seed < 2 ** 64:  # mx.random.seed's range
+            raise ValueError("seed must be an integer in 0..2**64-1")
+        user = body.get("user")
+        if user is not None and not isinstance(user, str):
+            raise ValueError("user must be a string")
+        speculator = self.response_generator.model_provider.draft_model
+        speculative = body.get("speculative", speculator.speculative)
+        if not isinstance(speculative, bool):
+            raise ValueError("speculative must be true or false")
+        given = {k: body[k] for k in ("draft_max", "n_draft", "num_draft_tokens") if k in body}
+        for name, value in given.items():
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError(f"{name} must be an integer >= 0, or null for the cost-aware choice")
+        if len(set(map(json.dumps, given.values()))) > 1:
+            raise ValueError(f"{' and '.join(given)} are the same setting; give one of them")
+        draft_max = next(iter(given.values())) if given else speculator.draft_max
+        self.spec = RequestSpec(speculative=speculative, draft_max=draft_max, user=user)
+
+    def _with_spec(self, request) -> SpecCompletionRequest:
+        fields = {f.name: getattr(request, f.name) for f in dataclasses.fields(mlx_server.CompletionRequest)}
+        return SpecCompletionRequest(**fields, spec=self.spec)
+
+    def handle_chat_completions(self):
+        return self._with_spec(super().handle_chat_completions())
+
+    def handle_text_completions(self):
+        return self._with_spec(super().handle_text_completions())
+
+    def _metrics(self, response: dict) -> dict:
+        if self.spec is not None:
+            self.spec.done.wait(5.0)  # the generation thread has finished the request's statistics
+            response["timings"] = self.spec.timings()
+            if "usage" in response:
+                response["usage"]["completion_tokens_details"] = self.spec.prediction_details()
+        return response
+
+    def generate_response(self, text, finish_reason, *args, **kwargs):
+        response = super().generate_response(text, finish_reason, *args, **kwargs)
+        return self._metrics(response) if finish_reason is not None else response
+
+    def completion_usage_response(self, *args, **kwargs):
+        return self._metrics(super().completion_usage_response(*args, **kwargs))
+
+    def do_GET(self):
+        if self.path == "/v1/stats":
+            self._json(200, self.response_generator.model_provider.draft_model.stats())
+        elif self.path.startswith("/v1/models"):
+            provider = self.response_generator.model_provider
+            self._json(200, {"object": "list", "data": [{"id": provider.model_id, "object": "model",
+                                                         "created": self.created, "owned_by": "ngram-spec"}]})
+        else:
+            super().do_GET()
+
+    def _json(self, status: int, payload: dict) -> None:
+        data = json.dumps(payload).encode()
+        self._set_completion_headers(status)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+        self.wfile.flush()
+
+
+_ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 411: "invalid_request_error"}
+
+
+class _OpenAIErrorBodies:
+    """The handler's output stream: mlx-lm writes an error as ``{"error": "text"}`` (or ``Not Found``) in one
+    write after the headers; it goes out in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``."""
+
+    def __init__(self, raw, handler: SpecAPIHandler):
+        self._raw, self._handler = raw, handler
+
+    def write(self, data: bytes):
+        try:
+            return self._raw.write(self._openai(data))
+        except OSError:  # the client went away: the generation thread stops at its next token (ctx.stop())
+            if self._handler.spec is not None:
+                self._handler.spec.cancelled = True
+            raise
+
+    def _openai(self, data: bytes) -> bytes:
+        status = self._handler._status
+        if status >= 400 and not data.startswith(b"HTTP/"):
+            try:
+                error = json.loads(data)["error"]
+            except (ValueError, KeyError, TypeError):
+                error = data.decode(errors="replace")
+            if not isinstance(error, dict):
+                code = "model_not_found" if isinstance(self._handler._error, ModelNotServed) else None
+                error = {"message": str(error), "type": _ERROR_TYPES.get(status, "server_error"),
+                         "param": None, "code": code}
+            data = json.dumps({"error": error}).encode()
+        return data
+
+    def __getattr__(self, name):
+        return getattr(self._raw, name)
+
+
+class SpecHTTPServer(ThreadingHTTPServer):
+    """mlx-lm's HTTP server class, stopping once the generation worker has failed and logging (instead of
+    printing) a request's unexpected exception. ``run_serve`` serves with a subclass naming its generator."""
+
+    generator: SpecResponseGenerator
+
+    def service_actions(self):  # run by serve_forever at least every 0.5 s
+        if self.generator.failed.is_set():
+            self.server_close()  # from now on the system refuses connections: nobody waits for an answer
+            raise _WorkerStopped
+
+    def handle_error(self, request, client_address):
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError):
+            log.info("client %s went away: %s", client_address[0], exc)
+        else:
+            log.error("request from %s failed", client_address[0], exc_info=exc)
+
+
+def context_length(model) -> Optional[int]:
+    """The model's trained context (``max_position_embeddings``; a GGUF file's ``context_length``), if known."""
+    args = getattr(model, "args", None)
+    for source in (args, getattr(args, "text_config", None)):
+        n = getattr(source, "max_position_embeddings", None) if source is not None else None
+        if isinstance(source, dict):
+            n = source.get("max_position_embeddings")
+        if n:
+            return int(n)
+    return None
+
+
+def build_server_args(args) -> argparse.Namespace:
+    """The namespace mlx_lm.server's classes read (its ``main()`` flags), from ``serve``'s arguments."""
+    return argparse.Namespace(
+        model=args.model_id, adapter_path=None, draft_model=None, num_draft_tokens=3, trust_remote_code=False,
+        chat_template="", use_default_chat_template=False, host=args.host, port=args.port,
+        allowed_origins=args.allowed_origins, temp=args.temp, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
+        max_tokens=args.max_tokens, chat_template_args=args.chat_template_args, decode_concurrency=1,
+        prompt_concurrency=1, prefill_step_size=args.prefill_step_size, prompt_cache_size=args.prompt_cache_size,
+        prompt_cache_bytes=args.prompt_cache_bytes, kv_bits=None, kv_group_size=64,
+        quantized_kv_start=mlx_server.DEFAULT_QUANTIZED_KV_START, pipeline=False, log_level=args.log_level)
+
+
+def check_mlx_lm() -> None:
+    """Refuse an mlx-lm whose single-sequence path no longer calls ``stream_generate`` (the seam used here)."""
+    if "stream_generate" not in mlx_server.ResponseGenerator._serve_single.__code__.co_names:
+        raise ValueError(f"mlx-lm {MLX_LM_VERSION}: ResponseGenerator._serve_single no longer calls stream_generate; "
+                         "ngram-spec serve supports mlx-lm >=0.32.0,<0.33 (pip install 'mlx-lm>=0.32.0,<0.33')")
+
+
+def run_serve(args) -> int:
+    from mlx_backend.models.loading import load_model
+
+    check_mlx_lm()
+    logging.basicConfig(level=getattr(logging, args.log_level), format="%(asctime)s - %(levelname)s - %(message)s")
+    speculator = NgramSpeculator(draft_max=args.draft_max, speculative=not args.no_spec, static=args.static,
+                                 dynamic=args.dynamic, scope=args.dynamic_scope, save_every=args.save_every)
+    dtype = None if args.dtype in (None, "auto") else args.dtype
+    model, tokenizer, desc = load_model(args.model, dtype)
+    from mlx_lm.models.cache import make_prompt_cache
+    if not any(hasattr(c, "offset") for c in make_prompt_cache(model)):
+        raise ValueError(f"{desc}: the model has no attention layer; ngram-spec serve needs one to track its cache")
+    args.model_id = Path(args.model).name if args.model else "SmolLM2-135M-Instruct"
+    n_ctx = args.ctx_size or context_length(model)
+    if speculator.speculative:  # compile the drafter's loops now rather than in the first request
+        warm = speculator.drafter(None, [], set())
+        warm.reset([1, 2, 1])
+        warm.draft(1)
+    cli_args = build_server_args(args)
+    provider = InjectedModelProvider(cli_args, model, tokenizer, args.model_id, speculator)
+    generator = SpecResponseGenerator(provider, HeldPromptCache(args.prompt_cache_size), n_ctx=n_ctx)
+    log.info("serving %s as `%s` (context %s, speculation %s, draft %s, dynamic cache %s); requests are served "
+             "one at a time, as mlx_lm.server does with a draft model", desc, args.model_id, n_ctx,
+             "on" if speculator.speculative else "off", "auto" if args.draft_max is None else args.draft_max,
+             f"{args.dynamic} ({args.dynamic_scope})" if args.dynamic else "in memory")
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    server_class = type(SpecHTTPServer.__name__, (SpecHTTPServer,), {"generator": generator})
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        mlx_server._run_http_server(args.host, args.port, generator, server_class=server_class,
+                                    handler_class=SpecAPIHandler)
+    except _WorkerStopped:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        generator.stop_and_join()
+        if generator.failure is None:
+            speculator.save()
+    if generator.failure is None:
+        return 0
+    if not generator.wait_answered(ANSWER_TIMEOUT_S):
+        log.error("some requests were still being answered %.0f s after the failure", ANSWER_TIMEOUT_S)
+    if speculator.path is not None:
+        log.warning("the dynamic n-gram cache is not saved after a failure: %s keeps its last save", speculator.path)
+    log.critical("stopped after the generation worker failed (exit status 1)")
+    return 1

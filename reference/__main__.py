@@ -1,5 +1,0 @@
-import sys
-
-from reference.cli import main
-
-sys.exit(main())

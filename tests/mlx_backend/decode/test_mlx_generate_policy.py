@@ -1,0 +1,176 @@
+"""The cost-aware draft-length policy: its choice maximises E(n)/c(n+1) (a plain step valued at the
+pipelined cost c_p), it leaves plain mode by the stated rule, it learns acceptance from unverified
+proposals too, and the step costs are learned from the real steps, kept for later runs, and any
+explicit measurement fits the model's attention window."""
+from __future__ import annotations
+
+import json
+import math
+
+import mlx.core as mx
+from hypothesis import given, settings, strategies as st
+
+from mlx_backend.decode import draft_policy
+from mlx_backend.decode.draft_policy import DraftPolicy, StepCosts, learned_costs, measure_verify_cost, model_key
+from mlx_backend.decode.generate import SpecStats, ngram_speculative_generate_step
+from mlx_backend.models.tiny import tiny_model
+
+
+@settings(max_examples=100, deadline=None)
+@given(costs=st.lists(st.floats(0.1, 10), min_size=2, max_size=9),
+       accept=st.lists(st.floats(0, 1), min_size=8, max_size=8), n_available=st.integers(0, 10))
+def test_choice_maximises_expected_rate(costs, accept, n_available):
+    policy = DraftPolicy(costs)
+    policy.accept = accept[:policy.k_max]
+    n = policy.choose(n_available)
+    mono = [max(costs[: i + 1]) for i in range(len(costs))]
+
+    def rate(k):   # E(k) written out as the sum of products of acceptances
+        return (1 + sum(math.prod(accept[:j]) for j in range(1, k + 1))) / mono[k]
+    best = max(rate(k) for k in range(min(n_available, policy.k_max) + 1))
+    assert n <= min(n_available, policy.k_max) and rate(n) == best
+    assert all(rate(k) < best for k in range(n))        # ties go to the shorter draft
+
+
+@settings(max_examples=100, deadline=None)
+@given(costs=st.lists(st.floats(0.1, 10), min_size=2, max_size=9), plain=st.floats(0.05, 10),
+       accept=st.lists(st.floats(0, 1), min_size=8, max_size=8), n_available=st.integers(0, 10))
+def test_plain_mode_rule(costs, plain, accept, n_available):
+    """choose: n = 0 is worth 1 / c_p. leave_plain: P[0] guesses the token in flight, so verifying
+    P[1..n] next yields 1 + a1*a2 + a1*a2*a3 + ... tokens, against (c(n+1) + c(1) - c_p) / c_p."""
+    policy = DraftPolicy(costs, plain_cost=plain)
+    policy.accept = accept[:policy.k_max]
+    mono = [max(costs[: i + 1]) for i in range(len(costs))]
+    rate = lambda k: (1 + sum(math.prod(accept[:j]) for j in range(1, k + 1))) / mono[k]  # noqa: E731
+    rates = [1 / plain] + [rate(k) for k in range(1, min(n_available, policy.k_max) + 1)]
+    assert policy.choose(n_available) == rates.index(max(rates))
+
+    def gain(n):   # tokens of the verify step minus the tokens plain mode makes meanwhile
+        tokens = 1 + sum(math.prod(accept[:j]) for j in range(2, n + 2))
+        return tokens - (mono[n] + max(mono[0] - plain, 0)) / plain
+    expected = any(gain(n) > 0 for n in range(1, min(n_available - 1, policy.k_max - 1) + 1))
+    assert policy.leave_plain(n_available) == expected
+    assert policy.decisions.get(0, 0) == (rates.index(max(rates)) == 0) + (not expected)
+
+
+def test_pipelining_gain_keeps_plain_mode():
+    """A draft that barely beats a synced plain step loses to the pipelined one."""
+    assert DraftPolicy([1.0, 1.1], prior=0.15).choose(1) == 1
+    assert DraftPolicy([1.0, 1.1], prior=0.15, plain_cost=0.95).choose(1) == 0
+    assert DraftPolicy([1.0, 1.01, 1.02], prior=0.5).leave_plain(3)
+    assert not DraftPolicy([1.0, 1.01, 1.02], prior=0.5, plain_cost=0.7).leave_plain(3)
+    assert not DraftPolicy([1.0, 1.01, 1.02], prior=1.0).leave_plain(1)   # nothing past the token in flight
+
+
+def test_flat_cost_drafts_nothing_and_cheap_cost_drafts_all():
+    assert DraftPolicy([1, 2, 3, 4, 5], prior=0.9).choose(4) == 0
+    assert DraftPolicy([1, 1.01, 1.02, 1.03, 1.04], prior=0.9).choose(4) == 4
+    assert DraftPolicy([1, 1.01, 1.02], prior=0.0).choose(2) == 0
+
+
+def test_unverified_proposals_still_teach_acceptance():
+    policy = DraftPolicy([1.0, 1.9, 2.8], prior=0.2, alpha=0.5)
+    assert policy.choose(2) == 0
+    for t in range(8):     # the drafter predicts the next 2 tokens right every time, never verified
+        policy.observe([t + 1, t + 2], [t + 1])
+    assert policy.accept[0] > 0.95 and policy.accept[1] > 0.95 and policy.choose(2) > 0
+    policy.observe([0, 0], [9])   # a miss at position 1; the previous proposal's position 2 was right
+    assert policy.accept[0] < 0.6 and policy.accept[1] > 0.95
+
+@settings(max_examples=60, deadline=None)
+@given(c_p=st.floats(0.01, 1), c1=st.floats(1, 1.5), slope=st.floats(0, 2),
+       timed=st.lists(st.integers(2, 9), min_size=1, max_size=3, unique=True))
+def test_linear_costs_are_recovered_from_two_timed_sizes(c_p, c1, slope, timed):
+    """Costs linear in S, c(S) = c_p (c1 + slope (S - 1)), timed at S = 1 and a few other sizes
+    (in any order, each after a plain step): the estimate is the whole line, timed or not."""
+    costs = StepCosts(9)
+    for S in [1, *timed]:
+        costs.add(0, c_p)
+        costs.add(S, c_p * (c1 + slope * (S - 1)))
+    estimate, plain = costs.estimate()
+    assert math.isclose(plain, c_p)
+    for S, c in enumerate(estimate, 1):
+        assert math.isclose(c, c_p * (c1 + slope * (S - 1)), rel_tol=1e-9), (S, c)
+
+
+@settings(max_examples=60, deadline=None)
+@given(samples=st.dictionaries(st.integers(1, 9), st.lists(st.floats(0.5, 10), min_size=1, max_size=5), max_size=9))
+def test_estimate_never_decreases_and_keeps_ordered_medians(samples):
+    import statistics
+
+    costs = StepCosts(9)
+    costs.add(0, 1.0)
+    for S, values in samples.items():
+        for v in values:
+            costs.add(0, 1.0)
+            costs.add(S, v)
+    estimate, plain = costs.estimate()
+    assert plain == 1.0 and all(a <= b + 1e-12 for a, b in zip(estimate, estimate[1:]))
+    medians = {S: statistics.median(v) for S, v in samples.items()}
+    ordered = [medians.get(1, 1.0)] + [medians[S] for S in sorted(medians) if S > 1]
+    if all(a <= b for a, b in zip(ordered, ordered[1:])):            # nothing to pool: timed sizes as measured
+        assert all(math.isclose(estimate[S - 1], m) for S, m in medians.items())
+
+
+def test_costs_before_any_timed_step():
+    costs = StepCosts(9)
+    assert costs.estimate() is None
+    policy = DraftPolicy(step_costs=costs, prior=1.0)
+    assert policy.choose(8) == 0 and not policy.leave_plain(8)       # nothing known: plain steps
+    costs.add(4, 0.5)                                                # a verify with no c_p to relate to
+    assert costs.estimate() is None
+    policy.observe_cost(0, 0.1)                                      # one plain step: prior slope
+    assert [round(c / 0.1, 6) for c in policy.costs] == [1 + draft_policy.PRIOR_SLOPE * i for i in range(9)]
+    assert policy.choose(8) > 0                                      # acceptance 1: drafting pays
+
+
+def test_learned_costs_are_kept_for_later_runs(tmp_path, monkeypatch):
+    model = tiny_model("llama", seed=9)
+    monkeypatch.setenv("NGRAM_SPEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(draft_policy, "_COSTS", {})
+    stats = SpecStats()
+    list(ngram_speculative_generate_step(mx.array([1, 2, 3, 1, 2, 3, 1, 2]), model, max_tokens=12, stats=stats))
+    learned = learned_costs(model)
+    # every step timed but the first of each plain run (and a verify step before any c_p), then saved
+    timed = sum(map(len, learned.samples.values()))
+    assert stats.plain_steps - stats.enter_plain <= timed <= stats.steps - stats.enter_plain
+    assert learned.samples[0] and learned.n_new == 0 and 1 not in learned.samples
+    stored = json.loads((tmp_path / "step-costs.json").read_text())
+    assert stored[learned.key] == {str(S): v for S, v in learned.samples.items()}
+    assert learned.key == model_key(model, [9, None])
+    monkeypatch.setattr(draft_policy, "_COSTS", {})                  # a new process
+    again = learned_costs(model)
+    assert again is not learned and again.samples == learned.samples and again.estimate() == learned.estimate()
+
+
+def test_measurement_fits_the_attention_window(monkeypatch):
+    """A model whose caches rotate after 20 tokens: 32 context tokens plus a verify of 9 would not fit."""
+    from mlx_lm.models.cache import RotatingKVCache
+
+    model = tiny_model("llama", seed=9)
+    caches = []
+
+    def windowed(model):
+        caches[:] = [RotatingKVCache(max_size=20) for _ in model.layers]
+        return caches
+    monkeypatch.setattr(draft_policy, "make_prompt_cache", windowed)
+    costs = measure_verify_cost(model, 9, reps=1, context=32)
+    assert len(costs) == 9 and all(c > 0 for c in costs)
+    assert caches[0].offset == 20 - 9                                # context cut so that 11 + 9 <= 20
+    try:
+        measure_verify_cost(model, 20, reps=1)
+    except ValueError as exc:
+        assert "window of 20 tokens" in str(exc)
+    else:
+        raise AssertionError("a verify of 20 tokens cannot fit a window of 20")
+
+
+def test_stats_show_the_policy():
+    model = tiny_model("qwen3_5", seed=2)
+    stats = SpecStats()
+    out = list(ngram_speculative_generate_step(mx.array([1, 2, 3, 1, 2, 3, 1, 2]), model, max_tokens=20,
+                                               draft_max=None, stats=stats))
+    assert len(out) == 20 and stats.policy is not None
+    assert sum(stats.policy["decisions"].values()) == stats.steps
+    assert sum(stats.draft_lengths.values()) == stats.steps
+    assert stats.policy["cost_rel"][0] == 1.0

@@ -1,0 +1,76 @@
+"""``mlx_backend.decode.generate.stream_generate`` behaves as ``mlx_lm.stream_generate`` (one-import switch),
+including stopping at an EOS token that lies inside an accepted draft run."""
+from __future__ import annotations
+
+import functools
+
+import mlx_lm
+import pytest
+from mlx_lm.generate import GenerationResponse
+
+from mlx_backend.decode.generate import SpecStats, stream_generate
+from reference.models.tiny import write_tiny_model
+
+from test_mlx_generate import ScriptedDrafter, argmax_sampler
+
+
+@functools.cache
+def loaded(arch: str, tmp_root: str):
+    return mlx_lm.load(str(write_tiny_model(f"{tmp_root}/{arch}", arch, seed=3)))
+
+
+@pytest.fixture(scope="module")
+def tmp_root(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("tiny"))
+
+
+def responses(gen):
+    return [(r.text, r.token, r.from_draft, r.finish_reason, r.generation_tokens) for r in gen]
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_next", "llama"])
+def test_stream_generate_matches_mlx_lm_with_eos_inside_accepted_run(arch, tmp_root):
+    model, tokenizer = loaded(arch, tmp_root)
+    prompt = "xyzzy xyzzy" if arch == "llama" else "abcabcabc"   # llama repeats one token after abcabcabc
+    plain = [r.token for r in mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=20,
+                                                     sampler=argmax_sampler)]
+    # make a plain token that first occurs after the first two an EOS token: the run must stop there,
+    # inside an accepted draft run (the first token's step drafts nothing)
+    stop_at = next(i for i in range(2, len(plain) - 1) if plain[i] not in plain[:i])
+    eos = plain[stop_at]
+    tokenizer.eos_token_ids = {eos}
+    try:
+        ref = responses(mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=20,
+                                               sampler=argmax_sampler))
+        drafter = ScriptedDrafter(plain, [(8, None)])
+        stats = SpecStats()
+        ours = responses(stream_generate(model, tokenizer, prompt, max_tokens=20, draft_max=8,
+                                         drafter=drafter, stats=stats))
+    finally:
+        tokenizer.eos_token_ids = {tokenizer.eos_token_id}
+    assert [r[:2] + r[3:] for r in ours] == [r[:2] + r[3:] for r in ref]   # text, token, finish, count
+    assert ours[-1][3] == "stop" and ours[-1][1] == eos and len(ours) == stop_at + 1
+    # EOS was drafted with more drafted tokens after it, and all of them up to EOS were accepted
+    first = drafter.calls[0]
+    assert eos in first[:-1] and stats.n_accept >= first.index(eos)
+
+
+def test_stream_generate_types_and_length(tmp_root):
+    model, tokenizer = loaded("qwen3_5", tmp_root)
+    tokenizer.eos_token_ids = set()
+    try:
+        out = list(stream_generate(model, tokenizer, [104, 105, 104, 105, 104], max_tokens=7, draft_max=3))
+    finally:
+        tokenizer.eos_token_ids = {tokenizer.eos_token_id}
+    assert all(isinstance(r, GenerationResponse) for r in out)
+    assert out[-1].finish_reason == "length" and out[-1].generation_tokens == 7
+    assert out[-1].logprobs.shape == (model.args.text_config["vocab_size"],)
+    with pytest.raises(ValueError, match="non-zero"):
+        next(stream_generate(model, tokenizer, "x", max_tokens=0))
+
+
+@pytest.mark.parametrize("bad", [260, 10**8, -5])
+def test_stream_generate_refuses_prompt_ids_outside_the_vocabulary(bad, tmp_root):
+    model, tokenizer = loaded("llama", tmp_root)   # 260 tokens: 256 bytes and 4 specials
+    with pytest.raises(ValueError, match=f"token id {bad} \\(position 1\\) is outside .* 260 tokens"):
+        next(stream_generate(model, tokenizer, [104, bad, 105], max_tokens=3, draft_max=2))

@@ -1,0 +1,235 @@
+"""Exact rollback: after a verify forward over S tokens, ``keep(m)`` leaves the prompt cache as if only
+the first m tokens had been processed (both GDN paths, forced on CPU), and unsupported caches fail
+with an error naming the cache and the option that avoids it."""
+from __future__ import annotations
+
+import functools
+
+import mlx.core as mx
+import pytest
+from hypothesis import given, settings, strategies as st
+from mlx.utils import tree_flatten
+from mlx_lm.generate import generate_step
+from mlx_lm.models.cache import (ArraysCache, KVCache, QuantizedKVCache, RotatingKVCache,
+                                 _BaseCache, make_prompt_cache)
+
+from mlx_backend.decode.generate import ngram_speculative_generate_step
+from mlx_backend.models.compat import build
+from mlx_backend.decode.rollback import (GDN_PATHS, RollbackUnsupported, VerifyCache, default_gdn_path,
+                                  gdn_projections)
+from mlx_backend.models.tiny import ARCHITECTURES, tiny_model
+
+from test_mlx_generate import ScriptedDrafter, argmax_sampler, assert_greedy_equal, model_of, plain_greedy
+
+ATOL = 1e-5
+
+
+def cache_arrays(cache):
+    """The live content of each layer cache: (conv, recurrent) or the first ``offset`` KV rows."""
+    out = []
+    for c in cache:
+        if isinstance(c, ArraysCache):
+            out.append((c[0], c[1]))
+        else:
+            out.append((c.keys[..., :c.offset, :], c.values[..., :c.offset, :]))
+    return out
+
+
+def assert_caches_close(a, b):
+    for (x0, x1), (y0, y1) in zip(cache_arrays(a), cache_arrays(b)):
+        assert x0.shape == y0.shape and x1.shape == y1.shape
+        assert mx.allclose(x0, y0, atol=ATOL).item() and mx.allclose(x1, y1, atol=ATOL).item()
+
+
+@settings(max_examples=40, deadline=None)
+@given(arch=st.sampled_from(ARCHITECTURES), gdn_path=st.sampled_from(GDN_PATHS),
+       prompt=st.lists(st.integers(0, 63), min_size=1, max_size=12),
+       verify=st.lists(st.integers(0, 63), min_size=2, max_size=9), data=st.data())
+def test_keep_m_equals_processing_only_m_tokens(arch, gdn_path, prompt, verify, data):
+    m = data.draw(st.integers(0, len(verify)), label="m")
+    model = model_of(arch)
+    cache = make_prompt_cache(model)
+    model(mx.array([prompt]), cache=cache)
+    vc = VerifyCache(model, cache, gdn_path)
+    logits = vc.forward(verify)
+    vc.keep(m)
+
+    ref = make_prompt_cache(model)
+    model(mx.array([prompt]), cache=ref)
+    ref_logits = model(mx.array([verify]), cache=ref)[0]      # mlx-lm's own forward, no recording
+    assert mx.allclose(logits, ref_logits, atol=ATOL).item()
+    ref = make_prompt_cache(model)
+    model(mx.array([prompt + verify[:m]]), cache=ref)
+    assert_caches_close(cache, ref)
+    nxt = model(mx.array([[5, 6]]), cache=cache)
+    assert mx.allclose(nxt, model(mx.array([[5, 6]]), cache=ref), atol=ATOL).item()
+    vc.close()
+
+
+def test_recording_subclass_is_per_instance_and_removable():
+    model = model_of("qwen3_5")
+    gdn = model.layers[0].linear_attn
+    base = type(gdn)
+    names = sorted(k for k, _ in tree_flatten(model.parameters()))
+    vc = VerifyCache(model, make_prompt_cache(model))
+    assert type(gdn) is not base and isinstance(gdn, base)
+    assert type(model_of("qwen3_next").layers[0].linear_attn).__name__ == "Qwen3NextGatedDeltaNet"
+    assert sorted(k for k, _ in tree_flatten(model.parameters())) == names   # no new parameters
+    vc.close()
+    assert type(gdn) is base
+
+
+def test_default_path_on_cpu_is_states():
+    assert default_gdn_path() == ("states" if not mx.metal.is_available() else default_gdn_path())
+    with pytest.raises(ValueError, match="gdn_path"):
+        VerifyCache(model_of("llama"), make_prompt_cache(model_of("llama")), gdn_path="kernel")
+
+
+def test_keep_out_of_range():
+    model = model_of("qwen3_5")
+    vc = VerifyCache(model, make_prompt_cache(model))
+    vc.forward([1, 2, 3])
+    with pytest.raises(ValueError, match="0 <= m <= S"):
+        vc.keep(4)
+
+
+def test_rotating_cache_wrapping_during_verify_and_already_wrapped_equal_plain_greedy():
+    """A RotatingKVCache that wraps inside a verify forward, or had wrapped before it, is rolled
+    back exactly (more in test_mlx_windowed.py)."""
+    model = model_of("llama")
+    for prompt in ([1, 2, 3, 4, 5, 6], list(range(10))):
+        fresh = lambda: [RotatingKVCache(max_size=8, keep=0) for _ in model.layers]
+        ref = [int(t) for t, _ in generate_step(mx.array(prompt), model, max_tokens=10,
+                                                sampler=argmax_sampler, prompt_cache=fresh())]
+        spec = [t for t, _, _ in ngram_speculative_generate_step(
+            mx.array(prompt), model, prompt_cache=fresh(), max_tokens=10, draft_max=4,
+            drafter=ScriptedDrafter(ref, [(4, None), (4, 1)]))]
+        assert spec == ref
+
+
+def test_rotating_cache_with_room_and_draft_max_zero_work():
+    model = model_of("llama")
+    prompt = [9, 8, 7, 9, 8, 7]
+    plain, lp = plain_greedy(model, prompt, 12)
+    cache = [RotatingKVCache(max_size=64, keep=0) for _ in model.layers]
+    spec = [t for t, _, _ in ngram_speculative_generate_step(mx.array(prompt), model, prompt_cache=cache,
+                                                             max_tokens=12, draft_max=3)]
+    assert_greedy_equal(plain, lp, spec)
+    small = [RotatingKVCache(max_size=8, keep=0) for _ in model.layers]   # wraps: fine without drafts
+    out = [t for t, _, _ in ngram_speculative_generate_step(mx.array(prompt), model, prompt_cache=small,
+                                                            max_tokens=12, draft_max=0)]
+    ref = [int(t) for t, _ in generate_step(mx.array(prompt), model, max_tokens=12, sampler=argmax_sampler,
+                                            prompt_cache=[RotatingKVCache(max_size=8, keep=0)
+                                                          for _ in model.layers])]
+    assert out == ref
+
+
+def test_quantized_kv_cache_is_trimmed_exactly():
+    model = tiny_model("llama", head_dim=32, seed=2)     # quantization groups need head_dim >= 32
+    prompt = [4, 5, 6, 4, 5, 6, 4]
+    quant = lambda: [QuantizedKVCache(group_size=32, bits=8) for _ in model.layers]
+    ref = list(generate_step(mx.array(prompt), model, max_tokens=10, sampler=argmax_sampler,
+                             prompt_cache=quant()))
+    spec = [t for t, _, _ in ngram_speculative_generate_step(
+        mx.array(prompt), model, prompt_cache=quant(), max_tokens=10, draft_max=4,
+        drafter=ScriptedDrafter([int(t) for t, _ in ref], [(4, 2), (3, None)]))]
+    assert_greedy_equal([int(t) for t, _ in ref], [l for _, l in ref], spec)
+
+
+class OpaqueCache(KVCache):
+    """A cache type the rollback does not know: not trimmable, its state in attributes."""
+
+    def is_trimmable(self):
+        return False
+
+
+def test_untrimmable_cache_is_snapshotted_and_replayed():
+    model = model_of("llama")
+    prompt = [3, 4, 5, 3, 4, 5, 3]
+    ref = [int(t) for t, _ in generate_step(mx.array(prompt), model, max_tokens=12, sampler=argmax_sampler)]
+    cache = [OpaqueCache() for _ in model.layers]
+    vc = VerifyCache(model, cache)
+    assert vc.replayed == cache and vc.replayed_layers == {"OpaqueCache"}
+    vc.close()
+    spec = [t for t, _, _ in ngram_speculative_generate_step(
+        mx.array(prompt), model, max_tokens=12, draft_max=4, prompt_cache=cache,
+        drafter=ScriptedDrafter(ref, [(4, 0), (4, 2), (4, None)]))]
+    assert spec == ref
+
+
+@functools.cache
+def recurrent_model(arch):
+    return build(arch, seed=1)
+
+
+@pytest.mark.parametrize("arch", ["mamba", "olmo_hybrid"])
+@settings(max_examples=5, deadline=None)
+@given(prompt=st.lists(st.integers(0, 63), min_size=1, max_size=12),
+       verify=st.lists(st.integers(0, 63), min_size=2, max_size=7), data=st.data())
+def test_unknown_recurrent_layers_are_restored_and_replayed(arch, prompt, verify, data):
+    """Recurrent layers the GDN recorder does not know (Mamba, olmo_hybrid's GatedDeltaNet) are
+    checkpointed before the verify forward; keep(m < S) restores them and re-runs m tokens."""
+    m = data.draw(st.integers(0, len(verify)), label="m")
+    model = recurrent_model(arch)
+    cache = make_prompt_cache(model)
+    model(mx.array([prompt]), cache=cache)
+    vc = VerifyCache(model, cache)
+    assert vc.replayed and not vc.gdn
+    vc.forward(verify)
+    vc.keep(m)
+    assert vc.n_replays == (0 < m < len(verify))
+    vc.close()
+    ref = make_prompt_cache(model)
+    model(mx.array([prompt + verify[:m]]), cache=ref)
+    nxt = model(mx.array([[5, 6]]), cache=cache)
+    assert mx.allclose(nxt, model(mx.array([[5, 6]]), cache=ref), atol=ATOL).item()
+
+
+def test_gdn_layer_is_recorded_only_if_it_computes_what_the_recorder_computes():
+    """Recognition is by computation: a layer with qwen3_5's modules whose forward differs
+    (here: output doubled) is not recorded but replayed, and still exact."""
+    from mlx_lm.models import qwen3_5
+
+    class Doubled(qwen3_5.GatedDeltaNet):
+        def __call__(self, inputs, mask=None, cache=None):
+            return 2 * super().__call__(inputs, mask, cache)
+
+    model = tiny_model("qwen3_5", seed=4)
+    own = model.layers[0].linear_attn
+    assert gdn_projections(own) is not None
+    own.__class__ = Doubled
+    try:
+        assert gdn_projections(own) is None
+        prompt = [1, 2, 3, 1, 2, 3, 1]
+        ref = [int(t) for t, _ in generate_step(mx.array(prompt), model, max_tokens=12, sampler=argmax_sampler)]
+        vc = VerifyCache(model, make_prompt_cache(model))
+        assert len(vc.gdn) == 1 and vc.replayed_layers == {"Doubled"}   # layer 2 is recorded
+        vc.close()
+        spec = [t for t, _, _ in ngram_speculative_generate_step(
+            mx.array(prompt), model, max_tokens=12, draft_max=4,
+            drafter=ScriptedDrafter(ref, [(4, 1), (4, None)]))]
+        assert spec == ref
+    finally:
+        own.__class__ = qwen3_5.GatedDeltaNet
+
+
+def test_batched_arrays_cache_is_refused():
+    model = model_of("qwen3_5")
+    cache = make_prompt_cache(model)
+    cache[0].left_padding = mx.array([1, 0])
+    with pytest.raises(RollbackUnsupported, match="batched ArraysCache"):
+        VerifyCache(model, cache)
+
+
+def test_any_model_runs_with_draft_max_zero():
+    """draft_max=0 needs no rollback, so even an unsupported cache generates (plain decoding)."""
+    model = model_of("llama")
+
+    class Plain(KVCache):
+        def is_trimmable(self):
+            return False
+    prompt = [1, 2, 3]
+    out = [t for t, _, _ in ngram_speculative_generate_step(mx.array(prompt), model, max_tokens=6,
+                                                            draft_max=0,
+                                                            prompt_cache=[Plain() for _ in model.layers])]
+    assert out == plain_greedy(model, prompt, 6)[0]

@@ -1,0 +1,293 @@
+"""Speculation on a model sharded over 2 local ranks (``mlx.launch -n 2 --backend ring``).
+
+Truth: the single-process runs of the same tiny mlx-lm model (mlx-lm's plain greedy
+``generate_step``, and our speculative sampler run with the same seed), computed inside each
+launch by :mod:`tests.dist_worker` before the model is sharded. Greedy speculative output on the
+shards must equal plain greedy output for draft lengths 0..8 (a difference only at a proven
+near-tie), every rank must emit the same tokens, and sampled runs must give rank 0's tokens on every
+rank whatever the other ranks' seeds. ``mlx.launch`` exits 0 even when a rank fails (it only prints
+``[WARN] Node with rank R exited with code C`` on stderr), so :func:`launch` runs it with ``--verbose``
+and checks the exit status it reports for every rank (``Node with rank R completed`` for 0): a rank that
+died fails the test even where rank 0 wrote its result; the tests also read the worker's JSON, and show
+the launch's output when it is missing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from mlx_backend.distributed import sharded as distributed
+from mlx_backend.distributed.sharded import WATCHDOG_EXIT, ShardError, mlx_launch, shard_model
+from mlx_backend.models.tiny import tiny_model
+
+ROOT = Path(__file__).resolve().parents[3]
+NEAR_TIE = 1e-3   # top-2 log-probability gap under which greedy may legitimately part (float32)
+LAUNCH_TIMEOUT = 900
+
+
+# mlx.launch's own report of each rank's end (mlx._distributed_utils.launch; "completed" with --verbose only)
+RANK_END = re.compile(r"Node with rank (\d+) (completed|exited with code (-?\d+)|was killed)")
+
+
+def rank_exits(stderr: str) -> dict[int, int | str]:
+    """``{rank: exit status}`` as ``mlx.launch --verbose`` reports them on stderr (0: completed, a negative
+    status: killed by that signal, ``"killed"``: terminated by the launcher)."""
+    exits = {}
+    for m in RANK_END.finditer(stderr):
+        exits[int(m[1])] = 0 if m[2] == "completed" else "killed" if m[2] == "was killed" else int(m[3])
+    return exits
+
+
+def launch(args: list[str], tmp_path: Path, timeout: int = LAUNCH_TIMEOUT, check: bool = True
+           ) -> subprocess.CompletedProcess:
+    """``mlx.launch --verbose -n 2 --backend ring -- <python> args`` from the repository root, with this
+    interpreter's ``mlx.launch`` (:func:`mlx_backend.distributed.mlx_launch`). ``check``: fail unless
+    every rank exited with status 0 (``mlx.launch`` itself exits 0 either way)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([mlx_launch(), "--verbose", "-n", "2", "--backend", "ring", "--", sys.executable, *args],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    if check:
+        check_ranks(proc)
+    return proc
+
+
+def check_ranks(proc: subprocess.CompletedProcess) -> None:
+    """Fail unless ``mlx.launch --verbose`` reported both ranks completed (exit status 0)."""
+    assert rank_exits(proc.stderr) == {0: 0, 1: 0}, \
+        f"a rank failed (mlx.launch exited {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+
+
+def _script(folder: Path, name: str = "mlx.launch") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text("#!/bin/sh\n")
+    (folder / name).chmod(0o755)
+    return folder / name
+
+
+def test_mlx_launch_is_found_next_to_the_interpreter(monkeypatch, tmp_path):
+    """A venv's python run by its full path, its bin/ not on PATH (another mlx.launch is): the venv's own."""
+    venv = _script(tmp_path / "venv" / "bin")
+    monkeypatch.setattr(distributed.sys, "executable", str(venv.parent / "python"))
+    monkeypatch.setenv("PATH", str(_script(tmp_path / "elsewhere").parent))
+    assert mlx_launch() == str(venv)
+    monkeypatch.undo()
+    if (Path(sys.executable).parent / "mlx.launch").is_file():   # this environment's, with an empty PATH
+        monkeypatch.setenv("PATH", "")
+        assert mlx_launch() == str(Path(sys.executable).parent / "mlx.launch")
+
+
+def test_mlx_launch_falls_back_to_path_then_names_the_fix(monkeypatch, tmp_path):
+    monkeypatch.setattr(distributed.sys, "executable", str(tmp_path / "venv" / "bin" / "python"))
+    elsewhere = _script(tmp_path / "elsewhere")
+    monkeypatch.setenv("PATH", str(elsewhere.parent))
+    assert mlx_launch() == str(elsewhere)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(FileNotFoundError, match=r"mlx.launch not found next to .*venv/bin/python nor on PATH: .*"
+                                                r"-m pip install mlx.*by its full path or activate the environment"):
+        mlx_launch()
+
+
+def test_a_dead_rank_fails_the_launch_check(tmp_path):
+    """``mlx.launch`` exits 0 when a rank is killed (what docs/distributed.md tells users to look for
+    instead), and a killed rank fails :func:`launch`'s check even though rank 0 wrote its result."""
+    out = tmp_path / "result.txt"
+    script = textwrap.dedent(f"""
+        import os, signal
+        import mlx.core as mx
+        group = mx.distributed.init()
+        if group.rank() == 0:
+            open({str(out)!r}, "w").write("done")
+        mx.eval(mx.distributed.all_sum(mx.array([1]), group=group, stream=mx.cpu))
+        if group.rank() == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    proc = launch(["-c", script], tmp_path, timeout=300, check=False)
+    assert out.read_text() == "done"
+    assert proc.returncode == 0, "mlx.launch now reports a dead rank: update docs/distributed.md"
+    assert rank_exits(proc.stderr)[1] == -signal.SIGKILL, proc.stderr
+    with pytest.raises(AssertionError, match="a rank failed"):
+        check_ranks(proc)
+
+
+def first_divergence(truth: list[int], gaps: list[float], tokens: list[int]) -> int | None:
+    """Index where ``tokens`` leaves ``truth`` (None if equal); a divergence must be a near-tie."""
+    assert len(tokens) == len(truth), (truth, tokens)
+    for i, (a, b) in enumerate(zip(truth, tokens)):
+        if a != b:
+            assert gaps[i] < NEAR_TIE, f"token {i}: plain {a} != {b} with top-2 gap {gaps[i]:.3g}"
+            return i
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_next", "llama"])
+def test_sharded_speculation_equals_plain(arch, tmp_path):
+    out = tmp_path / "result.json"
+    proc = launch(["tests/mlx_backend/distributed/dist_worker.py", arch, str(out)], tmp_path)
+    assert out.exists(), f"the launch wrote no result:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    data = json.loads(out.read_text())
+    assert data["size"] == 2
+    modes = {"qwen3_5": ["tensor", "pipeline"], "qwen3_next": ["pipeline"], "llama": ["tensor"]}[arch]
+    assert [r["mode"] for r in data["results"]] == modes
+    for r in data["results"]:
+        where = f"{arch} {r['mode']}"
+        truth, gaps = r["truth"], r["top2_gap"]
+        # the fact behind "every rank computes the same logits" on the ring backend
+        assert len(set(r["logits_bits_per_rank"])) == 1, f"{where}: ranks computed different logits"
+        first_divergence(truth, gaps, r["sharded_plain"])
+        runs = {run["name"]: run for run in r["runs"]}
+        for k in range(9):
+            run = runs[f"greedy k={k}"]
+            assert len(set(run["tokens_per_rank"])) == 1, f"{where} k={k}: ranks emitted different tokens"
+            first_divergence(truth, gaps, run["tokens"])
+            if k == 0:
+                assert run["n_drafted"] == 0
+            else:   # the scripted drafter makes some drafts right and some wrong
+                assert 0 < run["n_accept"] < run["n_drafted"], f"{where} k={k}: {run}"
+                assert run["steps"] < len(truth)
+        replay = runs["greedy k=4, gdn_path=replay"]
+        assert len(set(replay["tokens_per_rank"])) == 1 and 0 < replay["n_accept"] < replay["n_drafted"]
+        first_divergence(truth, gaps, replay["tokens"])
+        if r["mode"] == modes[0]:
+            run = runs["greedy policy, n-gram drafter"]
+            assert len(set(run["tokens_per_rank"])) == 1
+            first_divergence(truth, gaps, run["tokens"])
+        same, other = runs["sampled, same seed on all ranks"], runs["sampled, other seeds on ranks > 0"]
+        assert len(set(same["tokens_per_rank"])) == 1 and len(set(other["tokens_per_rank"])) == 1
+        # the drafter offers greedy's tokens: a sampled run accepts them only while it follows greedy, which
+        # depends on the draw (tiny llama leaves greedy at its first sampled token); drafts must be verified
+        assert same["n_accept"] < same["n_drafted"], f"{where}: {same}"
+        if arch != "llama":
+            assert same["n_accept"] > 0, f"{where}: {same}"
+        # rank 0's seed decides: equal to the single-process speculative run with that seed
+        assert same["tokens"] == r["ref_sampled"], where
+        assert other["tokens"] == r["ref_sampled"], where
+
+
+@pytest.mark.parametrize("arch, mode, message", [
+    ("qwen3_next", "tensor", "no tensor-parallel sharding for qwen3_next models .*use --shard pipeline"),
+    ("llama", "pipeline", "no pipeline-parallel sharding for llama models .*use --shard tensor"),
+    ("qwen3_5", "sideways", "--shard must be one of tensor, pipeline"),
+])
+def test_shard_mismatch_is_refused(arch, mode, message):
+    import mlx.core as mx
+
+    with pytest.raises(ShardError, match=message):
+        shard_model(tiny_model(arch), mode, mx.distributed.init())
+
+
+def test_architecture_mlx_lm_cannot_shard_is_refused():
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    class Unshardable(nn.Module):
+        model_type = "toy"
+
+    with pytest.raises(ShardError, match="cannot shard toy models .*without --shard"):
+        shard_model(Unshardable(), "tensor", mx.distributed.init())
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def test_a_stuck_rank_does_not_hang_the_others(tmp_path):
+    """Two ring ranks started by hand (no launcher to kill the survivor): rank 1 joins the group and
+    then never takes part; rank 0's watchdog must end it with a message instead of waiting forever."""
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in _free_ports(2)]))
+    script = textwrap.dedent("""
+        import sys, time
+        import mlx.core as mx
+        from mlx_backend.distributed.sharded import sharded_generate_step
+        from mlx_backend.models.tiny import tiny_model
+        group = mx.distributed.init(strict=True, backend="ring")
+        if group.rank() == 1:
+            time.sleep(60)
+        list(sharded_generate_step([1, 2, 3], tiny_model("llama"), group=group, timeout=2, max_tokens=4, draft_max=2))
+    """)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), MLX_HOSTFILE=str(hostfile))
+    procs = [subprocess.Popen([sys.executable, "-c", script], env=dict(env, MLX_RANK=str(r)), cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    try:
+        t0 = time.monotonic()
+        _, err = procs[0].communicate(timeout=120)
+        assert procs[0].returncode == WATCHDOG_EXIT, err
+        assert "rank 0: no progress for 2 s waiting for the other ranks" in err
+        assert time.monotonic() - t0 < 60
+    finally:
+        for p in procs:
+            p.kill()
+            p.communicate()
+
+
+@pytest.mark.slow
+def test_cli_shard_prints_once_and_equals_plain(tmp_path):
+    """``ngram-spec generate --shard`` on 2 ranks: one JSON record (rank 0's), the tokens of the
+    single-process plain run; a --shard that does not fit the model: one message, every rank exits."""
+    model = tmp_path / "tiny"
+    subprocess.run([sys.executable, "-m", "mlx_backend.cli", "tiny-model", "--arch", "qwen3_5", "--out", str(model)],
+                   cwd=ROOT, check=True, capture_output=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    prompt = ["--prompt", "ab ab ab ab ab ab ab ab", "--max-tokens", "12", "--json"]
+    plain = subprocess.run([sys.executable, "-m", "mlx_backend.cli", "generate", "--model", str(model), "--no-spec",
+                            *prompt], cwd=ROOT, check=True, capture_output=True, text=True,
+                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    proc = launch(["-m", "mlx_backend.cli", "generate", "--model", str(model), "--shard", "pipeline",
+                   "--draft-max", "3", *prompt], tmp_path)
+    records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(records) == 1, proc.stdout + proc.stderr
+    assert records[0]["tokens"] == json.loads(plain.stdout)["tokens"]
+    assert "pipeline-parallel over 2 ranks" in records[0]["model"]
+
+    llama = tmp_path / "llama"
+    subprocess.run([sys.executable, "-m", "mlx_backend.cli", "tiny-model", "--arch", "llama", "--out", str(llama)],
+                   cwd=ROOT, check=True, capture_output=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    proc = launch(["-m", "mlx_backend.cli", "generate", "--model", str(llama), "--shard", "pipeline", *prompt],
+                  tmp_path, timeout=300, check=False)
+    exits = rank_exits(proc.stderr)   # status 2, or the launcher's SIGTERM when the other rank ended first
+    assert sorted(exits) == [0, 1] and 0 not in exits.values(), proc.stderr
+    # (the "[ring] ..." lines are the ring backend's connection log, on with --verbose: "(error: 111 )" is a retry)
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line and not line.startswith("[ring] ")]
+    assert len(errors) == 1, proc.stderr
+    assert errors[0].startswith("ngram-spec generate: error: mlx-lm ")
+    assert errors[0].endswith("has no pipeline-parallel sharding for llama models (model.pipeline() is missing): "
+                              "use --shard tensor")
+
+
+@pytest.mark.slow
+def test_ranks_with_different_cache_files_are_stopped(tmp_path):
+    """The start-of-run check: rank 1 holding another --static file than rank 0 is refused on both
+    ranks (the drafts, and so the forward lengths, would differ)."""
+    for rank in (0, 1):
+        (tmp_path / f"static-{rank}.bin").write_bytes(bytes([rank]) * 16)
+    script = textwrap.dedent(f"""
+        from pathlib import Path
+        import mlx.core as mx
+        from mlx_backend.distributed.sharded import RankDivergence, check_same
+        group = mx.distributed.init()
+        try:
+            check_same("the n-gram cache files", [Path({str(tmp_path)!r}) / f"static-{{group.rank()}}.bin"], group)
+            print("rank", group.rank(), "agreed", flush=True)
+        except RankDivergence as exc:
+            print("rank", group.rank(), "refused:", exc, flush=True)
+    """)
+    proc = launch(["-c", script], tmp_path, timeout=300)
+    for rank in (0, 1):
+        assert f"rank {rank} refused: rank 1 disagrees with rank 0 on the n-gram cache files" in proc.stdout, \
+            proc.stdout + proc.stderr
