@@ -50,9 +50,9 @@ def run_generate(args) -> int:
     from mlx_backend.decode.generate import SpecStats
     from mlx_backend.ngram.dynamic_cache import save_dynamic
 
-    model, tokenizer, desc, shard = _load(args)
-    prompt = _prompt(args, model, tokenizer, shard)
-    responses, stats, drafter, c_dyn = _responses(args, model, tokenizer, prompt, shard)
+    model, tokenizer, desc, run = _load(args)
+    prompt = _prompt(args, model, tokenizer, run)
+    responses, stats, drafter, c_dyn = _responses(args, model, tokenizer, prompt, run)
     tokens, text, last = [], [], None
     for last in responses:
         tokens.append(int(last.token))
@@ -62,10 +62,9 @@ def run_generate(args) -> int:
     n_emitted = len(tokens)
     if tokens and last.finish_reason == "stop":
         tokens.pop()  # the EOS token, not part of the text (mlx-lm's convention)
-    if shard:
-        shard.check()
-        shard.close()
-    if drafter is not None and args.dynamic and (shard is None or shard.rank == 0):
+    run.check()
+    run.close()
+    if drafter is not None and args.dynamic and run.rank == 0:
         save_dynamic(args.dynamic, c_dyn, drafter.c_ctx)
         print(f"saved the dynamic cache to {args.dynamic}", file=sys.stderr)
     if not args.no_spec and args.draft_max is None:
@@ -85,9 +84,32 @@ def run_generate(args) -> int:
     return 0
 
 
+class LocalRun:
+    """The run of one process: what :class:`mlx_backend.distributed.sharded.ShardedRun` does for a model
+    sharded over ``mlx.launch`` ranks (load the shard, agree on the prompt, wrap the model, the sampler
+    and the drafter, check the ranks agreed), done here with nothing to share: one generation path."""
+
+    rank = 0
+
+    def load(self, path, mode, dtype, prog):
+        return load_model(path, dtype)
+
+    def prompt(self, prompt: list[int]) -> list[int]:
+        return prompt
+
+    def spec_kwargs(self, model, *, sampler, draft_max, drafter, c_st, c_dyn) -> dict:
+        return dict(model=model, sampler=sampler, draft_max=draft_max, drafter=drafter)
+
+    def check(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def _load(args):
-    """The model, its tokenizer (with --extra-eos-token), a description, and the sharded run under
-    ``mlx.launch --shard`` (else None); the drafter's compiled loops load meanwhile when needed."""
+    """The model, its tokenizer (with --extra-eos-token), a description, and the run: sharded under
+    ``mlx.launch --shard``, else :class:`LocalRun`; the drafter's compiled loops load meanwhile."""
     dtype = None if args.dtype in (None, "auto") else args.dtype
     if dtype == "float64":
         raise ValueError("--dtype float64 is for --backend reference; mlx takes quantized, float32, float16, bfloat16")
@@ -95,22 +117,21 @@ def _load(args):
         mx.random.seed(args.seed)
     if not args.no_spec and (args.static or args.dynamic):   # the tables' compiled loops load with the model
         threading.Thread(target=_warm_drafter, daemon=True).start()
-    shard = None
+    run = LocalRun()
     if getattr(args, "shard", None):   # under mlx.launch: see mlx_backend/distributed/sharded.py
         from mlx_backend.distributed.sharded import cli_run
 
-        shard = cli_run(args.shard_timeout)
-    model, tokenizer, desc = (shard.load(args.model, args.shard, dtype, "ngram-spec generate") if shard
-                              else load_model(args.model, dtype))
+        run = cli_run(args.shard_timeout)
+    model, tokenizer, desc = run.load(args.model, args.shard, dtype, "ngram-spec generate")
     if args.max_kv_size is not None and hasattr(model, "make_cache"):
         raise ValueError(f"--max-kv-size: {desc} makes its own caches (model.make_cache), so mlx-lm's "
                          "make_prompt_cache ignores max_kv_size for it; drop --max-kv-size")
     for token in args.extra_eos_token:
         tokenizer.add_eos_token(token)
-    return model, tokenizer, desc, shard
+    return model, tokenizer, desc, run
 
 
-def _prompt(args, model, tokenizer, shard) -> list[int]:
+def _prompt(args, model, tokenizer, run) -> list[int]:
     """The prompt's token ids (--prompt-tokens, or --prompt through the chat template), checked against
     the model's vocabulary before any forward (an id past the embedding is garbage or a crash)."""
     from mlx_backend.decode.generate import check_prompt
@@ -124,13 +145,12 @@ def _prompt(args, model, tokenizer, shard) -> list[int]:
                                system_prompt=args.system_prompt)
     else:
         raise ValueError("give the prompt as --prompt TEXT or --prompt-tokens FILE")
-    if shard:
-        prompt = shard.prompt(prompt)
+    prompt = run.prompt(prompt)
     check_prompt(prompt, model)
     return prompt
 
 
-def _responses(args, model, tokenizer, prompt, shard):
+def _responses(args, model, tokenizer, prompt, run):
     """mlx-lm's ``GenerationResponse`` stream: plain (--no-spec, mlx-lm's own stream_generate) or with
     n-gram speculation; with the run's counters, its drafter and dynamic cache."""
     from mlx_lm.generate import stream_generate as plain_stream_generate
@@ -151,10 +171,8 @@ def _responses(args, model, tokenizer, prompt, shard):
     check_file_tokenizer(tokenizer, args.static, args.dynamic)
     c_dyn = load_dynamic(args.dynamic) if args.dynamic else None
     drafter = default_drafter(c_st=args.static, c_dyn=c_dyn) if args.static or args.dynamic else context_drafter()
-    spec = dict(model=model, sampler=sampler, draft_max=args.draft_max, drafter=drafter)
-    if shard:
-        spec = shard.spec_kwargs(model, sampler=sampler, draft_max=args.draft_max, drafter=drafter,
-                                 c_st=args.static, c_dyn=args.dynamic)
+    spec = run.spec_kwargs(model, sampler=sampler, draft_max=args.draft_max, drafter=drafter,
+                             c_st=args.static, c_dyn=args.dynamic)
     responses = stream_generate(tokenizer=tokenizer, prompt=mx.array(prompt), stats=stats, **{**common, **spec})
     return responses, stats, drafter, c_dyn
 
