@@ -212,9 +212,6 @@ def _no_drafts_note(reason: str, names: list[str], policy: dict | None, blas: st
         note += (". With this BLAS verifying k drafted tokens costs about k more steps, as much time as the "
                  "accepted drafts save (mlx's bundled reference BLAS does that; an optimized one, --blas auto, "
                  "makes verifying cheap: docs/main-job.md)")
-    elif len(costs) > 1 and costs[1] >= 1.5:
-        note += (". Verifying cost that much on this machine during the run (a busy machine times steps "
-                 "slowly; the costs go on being learned from the real steps)")
     return note + f"; {plain}."
 
 
