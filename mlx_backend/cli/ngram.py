@@ -19,7 +19,7 @@ from pathlib import Path
 from reference.atomic import atomic_write, check_outputs
 from mlx_backend.machine.backends import BACKENDS, DEFAULT_HELP, get_backend
 from mlx_backend.cli import UserError
-from mlx_backend.cli.progress import bar
+from mlx_backend.cli.progress import add_option as add_progress_option, bar
 from reference.ngram.draft import SCORES
 from reference.ngram.ours_file import tokenizer_fingerprint
 from reference.ngram.replay import check_replay_args
@@ -47,7 +47,7 @@ def register(subparsers) -> None:
     p.add_argument("--tokens-out", metavar="FILE", help="also write the tokens of INPUT to FILE (.i32 or .npy)")
     add_format_arg(p)
     add_backend_arg(p)
-    p.add_argument("--no-progress", action="store_true", help="no progress bar (it shows only on a terminal)")
+    add_progress_option(p)
     p.set_defaults(func=cmd_create)
 
     p = subparsers.add_parser(
@@ -76,7 +76,7 @@ def register(subparsers) -> None:
                    help="save the dynamic cache after the replay (the --dynamic one plus every replayed chunk)")
     p.add_argument("--json", action="store_true",
                    help="print a JSON summary (with the backend that ran) instead of lookup-stats' lines")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar (it shows only on a terminal)")
+    add_progress_option(p)
     add_format_arg(p)
     add_backend_arg(p)
     p.set_defaults(func=cmd_stats)

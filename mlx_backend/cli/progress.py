@@ -2,7 +2,13 @@
 both backends call, drawn as a tqdm bar on stderr (shown only on a terminal, unless asked)."""
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
+
+
+def add_option(parser: argparse.ArgumentParser) -> None:
+    """``--no-progress`` (``args.no_progress``): no bar even on a terminal."""
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (it shows only on a terminal)")
 
 
 def bar(desc: str, unit: str, show: bool | None = None) -> Callable[[int, int], None] | None:

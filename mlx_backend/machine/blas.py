@@ -46,6 +46,7 @@ import time
 from pathlib import Path
 
 from mlx_backend.machine.user_cache import cache_dir
+from reference.atomic import atomic_write
 
 CHOICES = ("auto", "system", "wheel", "bundled")
 HELP = ("Linux x86-64: the optimized BLAS to re-run with (LD_PRELOAD), each checked once on this CPU first. "
@@ -95,9 +96,14 @@ print(json.dumps({"loaded": True, "error": worst[0], "worst": worst[1]}))
 """
 
 
+def _is_choice(text: str) -> bool:
+    """One of :data:`CHOICES`, or the path of an existing library file."""
+    return text in CHOICES or Path(text).is_file()
+
+
 def parse_choice(text: str) -> str:
-    """``--blas``'s type: one of :data:`CHOICES`, or the path of an existing library file."""
-    if text in CHOICES or Path(text).is_file():
+    """``--blas``'s type (:func:`_is_choice`)."""
+    if _is_choice(text):
         return text
     raise argparse.ArgumentTypeError(f"{text!r} is neither one of {', '.join(CHOICES)} nor an existing library file")
 
@@ -257,9 +263,8 @@ def checked(env: dict[str, str], cpuinfo: Path | None = None) -> tuple[bool, str
                      "simd": _simd(cpu), "checked": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{VERDICTS}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(verdicts, indent=1))
-        os.replace(tmp, path)
+        with atomic_write(path, "w") as f:
+            json.dump(verdicts, f, indent=1)
     except OSError:
         pass
     return ok, why, False
@@ -272,17 +277,17 @@ def candidates(choice: str = "auto") -> list[tuple[str, dict[str, str]]]:
     interposes it): none where there is nothing to do (not Linux x86-64, ``bundled``, a BLAS already
     preloaded by hand, or ``auto`` with none installed). A named one that is not installed is an
     error that names the fix."""
-    if choice not in CHOICES and not Path(choice).is_file():
+    if not _is_choice(choice):
         raise ValueError(f"unknown BLAS choice {choice!r}; choose one of {', '.join(CHOICES)} or a library file")
     if choice == "bundled" or not sys.platform.startswith("linux") or platform.machine() != "x86_64" \
             or _preloaded_blas():
         return []
     if choice not in CHOICES:
-        return [("library given by --blas / $NGRAM_SPEC_BLAS", _env(Path(choice), gfortran=gfortran_folder() is not None))]
+        return [("library given by --blas / $NGRAM_SPEC_BLAS", _env(Path(choice), gfortran_folder()))]
     found = []
     if choice in ("auto", "system"):
         if SYSTEM_OPENBLAS.is_file():
-            found.append(("system OpenBLAS", _env(SYSTEM_OPENBLAS, gfortran=False)))
+            found.append(("system OpenBLAS", _env(SYSTEM_OPENBLAS)))
         elif choice == "system":
             raise FileNotFoundError(f"{SYSTEM_OPENBLAS} not found; install it with: apt-get install "
                                     "libopenblas0-pthread (or use --blas wheel)")
@@ -290,25 +295,21 @@ def candidates(choice: str = "auto") -> list[tuple[str, dict[str, str]]]:
         wheel = wheel_openblas()
         if wheel is None and choice == "wheel":
             raise FileNotFoundError(f"the {WHEEL} wheel is not installed; install it with: pip install {WHEEL}")
-        if wheel is not None:
-            env = _env(wheel, gfortran=True)
-            if env is not None:
-                found.append((f"OpenBLAS of the {WHEEL} wheel", env))
-            elif choice == "wheel":
-                raise FileNotFoundError(f"no {GFORTRAN} for the {WHEEL} wheel: mlx-cpu bundles none here, or "
-                                        f"{cache_dir()} is not writable (set NGRAM_SPEC_CACHE_DIR)")
+        folder = gfortran_folder() if wheel is not None else None
+        if folder is not None:
+            found.append((f"OpenBLAS of the {WHEEL} wheel", _env(wheel, folder)))
+        elif wheel is not None and choice == "wheel":
+            raise FileNotFoundError(f"no {GFORTRAN} for the {WHEEL} wheel: mlx-cpu bundles none here, or "
+                                    f"{cache_dir()} is not writable (set NGRAM_SPEC_CACHE_DIR)")
     return found
 
 
-def _env(library: Path, *, gfortran: bool) -> dict[str, str] | None:
-    """The variables that preload ``library`` single-threaded; with ``gfortran``, also the folder
-    that offers mlx-cpu's ``libgfortran.so.5`` (None when it cannot be made)."""
+def _env(library: Path, gfortran: Path | None = None) -> dict[str, str]:
+    """The variables that preload ``library`` single-threaded; with ``gfortran`` (:func:`gfortran_folder`),
+    also that folder, which offers mlx-cpu's ``libgfortran.so.5``, on the loader's path."""
     env = {"LD_PRELOAD": str(library), "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS", "1")}
-    if gfortran:
-        folder = gfortran_folder()
-        if folder is None:
-            return None
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(folder), os.environ.get("LD_LIBRARY_PATH")) if p)
+    if gfortran is not None:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(gfortran), os.environ.get("LD_LIBRARY_PATH")) if p)
     return env
 
 

@@ -15,6 +15,7 @@ import sys
 import time
 from collections import Counter
 from contextlib import contextmanager
+from pathlib import Path
 
 import mlx.core as mx
 from mlx_lm.generate import generate_step
@@ -23,7 +24,9 @@ from mlx_backend.machine.blas import blas_in_use
 from mlx_backend.distributed.sharded import settle, shard_model, sharded_generate_step
 from mlx_backend.decode.generate import SpecStats
 from mlx_backend.models.tiny import tiny_model
-from test_bench_mlx_verify import SIZES, NoisyOracle
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "decode"))  # the verify benchmark's models live there
+from test_bench_mlx_verify import SIZES, NoisyOracle  # noqa: E402
 
 COLLECTIVES = ("all_sum", "all_gather", "send", "recv", "recv_like", "all_max", "all_min", "sum_scatter")
 PROMPT = ([5, 6, 7, 8, 9, 10, 11, 12] * 6)[:44]

@@ -51,7 +51,7 @@ def rank_exits(stderr: str) -> dict[int, int | str]:
 def launch(args: list[str], tmp_path: Path, timeout: int = LAUNCH_TIMEOUT, check: bool = True
            ) -> subprocess.CompletedProcess:
     """``mlx.launch --verbose -n 2 --backend ring -- <python> args`` from the repository root, with this
-    interpreter's ``mlx.launch`` (:func:`mlx_backend.distributed.mlx_launch`). ``check``: fail unless
+    interpreter's ``mlx.launch`` (:func:`mlx_backend.distributed.sharded.mlx_launch`). ``check``: fail unless
     every rank exited with status 0 (``mlx.launch`` itself exits 0 either way)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.run([mlx_launch(), "--verbose", "-n", "2", "--backend", "ring", "--", sys.executable, *args],

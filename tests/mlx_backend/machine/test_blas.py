@@ -224,10 +224,15 @@ sys.exit(main(sys.argv[1:]) or 3)  # 3: returned without re-running
 """
 
 
+def user_env() -> dict[str, str]:
+    """This environment as a user's shell has it: no fast-BLAS choice, re-run mark or preloaded library."""
+    return {k: v for k, v in os.environ.items() if k not in (blas.REEXEC_MARK, blas.ENV_CHOICE, "LD_PRELOAD")}
+
+
 def run_probe(*argv: str) -> subprocess.CompletedProcess:
     """``ngram-spec *argv`` through RE_RUN_PROBE, with no fast-BLAS choice or re-run mark inherited."""
     pytest.importorskip("mlx_lm")
-    env = {k: v for k, v in os.environ.items() if k not in (blas.REEXEC_MARK, blas.ENV_CHOICE, "LD_PRELOAD")}
+    env = user_env()
     return subprocess.run([sys.executable, "-c", RE_RUN_PROBE, *argv], capture_output=True, text=True, env=env,
                           cwd=Path(__file__).parents[3], timeout=300)
 
@@ -305,7 +310,7 @@ def _generate(tmp_path, blas_choice: str) -> subprocess.CompletedProcess:
     model = tmp_path / "model"
     if not model.exists():
         write_tiny_model(model, "llama", seed=1)
-    env = {k: v for k, v in os.environ.items() if k not in (blas.REEXEC_MARK, blas.ENV_CHOICE, "LD_PRELOAD")}
+    env = user_env()
     env["NGRAM_SPEC_CACHE_DIR"] = str(tmp_path / "cache")
     return subprocess.run([sys.executable, "-m", "mlx_backend.cli", "generate", "--backend", "mlx", "--model", str(model),
                            "--prompt", "the cat sat on the mat", "--max-tokens", "6", "--json", "--blas", blas_choice],
