@@ -220,7 +220,9 @@ def _verdict_key(cpu: dict, library: str) -> str:
 def probe(env: dict[str, str], timeout: float = PROBE_TIMEOUT_S) -> tuple[bool, str]:
     """Run :data:`PROBE` with ``env`` (``LD_PRELOAD`` naming the candidate) added to this environment:
     ``(True, "")`` when mlx's products through it equal float64 ones to :data:`TOLERANCE`, else
-    ``(False, why)``: killed by which signal, hung, exited with an error, not loaded, wrong results."""
+    ``(False, why)``: killed by which signal, hung, exited with an error, not loaded, wrong results. A
+    child ended by SIGINT or SIGTERM was stopped with the command (Ctrl-C reaches the whole process
+    group), not by the library: that is raised here, and no verdict is kept."""
     child_env = {k: v for k, v in os.environ.items() if k != REEXEC_MARK}
     child_env.update(env)
     try:
@@ -228,6 +230,8 @@ def probe(env: dict[str, str], timeout: float = PROBE_TIMEOUT_S) -> tuple[bool, 
                              timeout=timeout, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         return False, f"its check did not finish in {timeout:.0f} s"
+    if -out.returncode in (signal.SIGINT, signal.SIGTERM):   # the user stopped the command: no verdict
+        raise KeyboardInterrupt if -out.returncode == signal.SIGINT else SystemExit(128 + signal.SIGTERM)
     if out.returncode < 0:
         return False, f"killed by {signal.Signals(-out.returncode).name} in a matmul"
     last = (out.stdout.strip().splitlines() or [""])[-1]
@@ -283,7 +287,8 @@ def candidates(choice: str = "auto") -> list[tuple[str, dict[str, str]]]:
             or _preloaded_blas():
         return []
     if choice not in CHOICES:
-        return [("library given by --blas / $NGRAM_SPEC_BLAS", _env(Path(choice), gfortran_folder()))]
+        # absolute: the loader takes a bare LD_PRELOAD name for a library to search for, not a file here
+        return [("library given by --blas / $NGRAM_SPEC_BLAS", _env(Path(choice).resolve(), gfortran_folder()))]
     found = []
     if choice in ("auto", "system"):
         if SYSTEM_OPENBLAS.is_file():

@@ -25,8 +25,11 @@ FAKE_BLAS = {
     "trap": "__builtin_trap();",
     # a plausible-looking but wrong product: every entry 1
     "wrong": "for (int i = 0; i < M; i++) for (int j = 0; j < N; j++) C[i * ldc + j] = 1.0f;",
+    # Ctrl-C arriving while the check runs (the terminal sends it to the whole process group)
+    "interrupted": "raise(SIGINT);",
 }
 FAKE_SOURCE = """
+#include <signal.h>
 void cblas_sgemm(int order, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                  const float *B, int ldb, float beta, float *C, int ldc) {{ {body} }}
 """
@@ -79,7 +82,7 @@ def libs(tmp_path, monkeypatch):
 
 
 @linux_x86
-def test_auto_prefers_the_system_library_then_the_wheel(libs):
+def test_auto_prefers_the_system_library_then_the_wheel(libs, monkeypatch):
     system, wheel, install = libs
     assert blas.candidates("auto") == []                            # nothing installed: stay bundled
     install(wheel)
@@ -99,6 +102,8 @@ def test_auto_prefers_the_system_library_then_the_wheel(libs):
     assert blas.candidates("bundled") == []
     (source, by_path), = blas.candidates(str(wheel))                 # a path: that file, libgfortran offered
     assert source == "library given by --blas / $NGRAM_SPEC_BLAS" and by_path == env
+    monkeypatch.chdir(wheel.parent)                                  # a relative path is made absolute: the
+    assert blas.candidates(wheel.name) == [(source, by_path)]        # loader would search for a bare name
 
 
 @linux_x86
@@ -273,6 +278,17 @@ def test_the_check_refuses_a_crashing_a_wrong_and_an_unloadable_library_and_pass
     if not real:
         pytest.skip("no optimized BLAS installed (ngsolve-openblas or the system's) to pass the check")
     assert blas.probe(real[0]) == (True, "")
+
+
+@linux_x86
+def test_a_check_stopped_by_ctrl_c_stops_the_command_and_keeps_no_verdict(fake_blas, tmp_path, monkeypatch):
+    """A check interrupted with the command is no verdict on the library (else Ctrl-C at the wrong moment
+    would have it skipped for good): the interrupt goes on, nothing is recorded."""
+    pytest.importorskip("mlx.core")
+    monkeypatch.setenv("NGRAM_SPEC_CACHE_DIR", str(tmp_path / "cache"))
+    with pytest.raises(KeyboardInterrupt):
+        blas.checked({"LD_PRELOAD": str(fake_blas["interrupted"])})
+    assert not (tmp_path / "cache" / blas.VERDICTS).exists()
 
 
 @linux_x86
