@@ -19,12 +19,12 @@ import os
 import signal
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 
-from reference.atomic import defer_if_unsafe
+from reference.atomic import defer_if_unsafe, take_pending
 
 # what each command imports (numba, mlx) is imported when the command runs, not when the parser is built
 
@@ -76,30 +76,42 @@ def _stop(signum: int) -> BaseException:
 
 
 @contextlib.contextmanager
-def _stops_remembered() -> Iterator[list[int]]:
+def _stops_remembered() -> Iterator[Callable[[], None]]:
     """While the block runs, Ctrl-C raises ``KeyboardInterrupt`` and SIGTERM ``SystemExit(143)`` (it would
-    kill the process outright and leave the temporary directory), and each signal is also remembered in
-    the list yielded: one that lands inside a third-party import can be swallowed there (seen on Linux:
-    Ctrl-C during numba's import of scipy, the command then ran to completion), so the caller raises it
-    again after the command. Only the main thread can install handlers; elsewhere nothing changes."""
+    kill the process outright and leave the temporary directory), and each signal is also remembered:
+    one that lands inside a third-party import can be swallowed there (seen on Linux: Ctrl-C during
+    numba's import of scipy, the command then ran to completion), so the caller calls the function
+    yielded after each command, which raises it again. The handler raises only the first time: a signal
+    after that (delivered again after landing inside numba, or a second Ctrl-C) is only remembered, so
+    it cannot cut the temporary directory's removal short. Only the main thread can install handlers; elsewhere
+    nothing changes."""
     seen: list[int] = []
+    stopping: list[int] = []
+
+    def stop_if_signalled() -> None:   # also after a command that swallowed the stop raised in it
+        if seen:
+            stopping.append(seen[0])
+            raise _stop(seen[0])
+
     if threading.current_thread() is not threading.main_thread():
-        yield seen
+        yield stop_if_signalled
         return
 
     def on_signal(signum, frame):
         seen.append(signum)
-        if defer_if_unsafe(signum, frame):  # inside numba (importing, compiling, a kernel's callback)
+        if stopping or defer_if_unsafe(signum, frame):  # inside numba (importing, compiling, a kernel's callback)
             return
+        stopping.append(signum)
         raise _stop(signum)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)
                 if signal.getsignal(s) is not signal.SIG_IGN}  # an ignored signal (nohup, cron) stays ignored
     try:
-        yield seen
+        yield stop_if_signalled
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+        take_pending()  # a signal put off inside numba is not delivered again: it stopped precompile already
 
 
 def precompile(progress: bool | None = None, with_model: bool = True) -> int:
@@ -114,7 +126,7 @@ def precompile(progress: bool | None = None, with_model: bool = True) -> int:
     from mlx_backend.cli import UserError, build_parser
 
     parser = build_parser()
-    with _stops_remembered() as seen, tempfile.TemporaryDirectory(prefix="ngram-spec-precompile-") as tmp, \
+    with _stops_remembered() as stop_if_signalled, tempfile.TemporaryDirectory(prefix="ngram-spec-precompile-") as tmp, \
             mock.patch.dict(os.environ, {"NGRAM_SPEC_CACHE_DIR": str(Path(tmp) / "user-cache"), ENV_OFF: "1"}):
         runs = commands(Path(tmp), with_model)
         for argv in tqdm(runs, desc="compile kernels", unit="command",
@@ -127,8 +139,7 @@ def precompile(progress: bool | None = None, with_model: bool = True) -> int:
                 raise UserError(f"`ngram-spec {' '.join(argv)}` failed: {exc} {sink.getvalue()[-2000:]}") from exc
             if code:
                 raise UserError(f"`ngram-spec {' '.join(argv)}` exited with {code}: {sink.getvalue()[-2000:]}")
-            if seen:
-                raise _stop(seen[0])
+            stop_if_signalled()
     return len(runs)
 
 
