@@ -18,6 +18,7 @@ FLOORS = {
     "reference": 0,
     "mlx_backend.machine": 1,
     "mlx_backend.ngram": 2,
+    "mlx_backend.suffix": 2,
     "mlx_backend.decode": 3,
     "mlx_backend.models": 4,
     "mlx_backend.distributed": 5,

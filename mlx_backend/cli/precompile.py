@@ -7,8 +7,9 @@ drafting ``generate`` after an install pays that compilation (about 10 s for ``s
 x86-64 VM). Here every such command runs once on tiny inputs in a temporary directory -- the very
 code paths, argument types and file formats of real runs (a static cache in both formats, with a
 follower list long enough for the reader's batched sort; a dynamic cache; a tiny random model for
-``generate``) -- so each kernel lands in the cache. ``tests/mlx_backend/cli/test_precompile.py`` checks that after it
-the commands compile nothing.
+``generate``) -- so each kernel lands in the cache; then the suffix drafter (:mod:`mlx_backend.suffix`)
+drafts once, with a history, for its kernels. ``tests/mlx_backend/cli/test_precompile.py`` checks that
+after it the commands compile nothing.
 """
 from __future__ import annotations
 
@@ -71,6 +72,21 @@ def commands(d: Path, with_model: bool = True) -> list[list[str]]:
     return runs
 
 
+def compile_suffix_kernels() -> None:
+    """Index a history and a sequence and draft from both: every kernel of :mod:`mlx_backend.suffix.index`
+    with the argument types drafting uses (they do not depend on the inputs)."""
+    from mlx_backend.suffix.drafter import SuffixDrafter, SuffixHistory
+
+    history = SuffixHistory(max_tokens=64)
+    for seq in ([1, 2, 3, 4, 5], list(range(60)), [7, 8, 9, 1, 2]):   # the last one drops the first
+        history.add(seq)
+    drafter = SuffixDrafter(history)
+    drafter.reset(np.array([5, 6, 7, 8, 9], np.int32))
+    drafter.draft(8)
+    drafter.extend([1, 2])
+    drafter.draft(8)
+
+
 def _stop(signum: int) -> BaseException:
     return KeyboardInterrupt() if signum == signal.SIGINT else SystemExit(128 + signum)
 
@@ -116,8 +132,8 @@ def _stops_remembered() -> Iterator[Callable[[], None]]:
 
 def precompile(progress: bool | None = None, with_model: bool = True) -> int:
     """Run :func:`commands` in a temporary directory (user cache directory there too, so nothing of the
-    user's is read or written); output is discarded. Returns the number of commands run. Ctrl-C and
-    SIGTERM stop it with the temporary directory removed."""
+    user's is read or written), then :func:`compile_suffix_kernels`; output is discarded. Returns the
+    number of commands run. Ctrl-C and SIGTERM stop it with the temporary directory removed."""
     from unittest import mock
 
     from tqdm import tqdm
@@ -140,6 +156,8 @@ def precompile(progress: bool | None = None, with_model: bool = True) -> int:
             if code:
                 raise UserError(f"`ngram-spec {' '.join(argv)}` exited with {code}: {sink.getvalue()[-2000:]}")
             stop_if_signalled()
+        compile_suffix_kernels()
+        stop_if_signalled()
     return len(runs)
 
 
@@ -166,9 +184,9 @@ def register(subparsers) -> None:
         help="compile and cache every numba kernel once (run after installing: later first runs start fast)",
         description=(
             "Compile the numba kernels of create, stats, merge, inspect, convert and generate (with --static\n"
-            "and --dynamic) by running each once on tiny inputs in a temporary directory, so that numba's\n"
-            "cache holds them. Without it, the first run of each command after installing compiles what it\n"
-            "needs (about 10 s for stats on a 2-core machine); after it, about 1 s. The cache is numba's:\n"
+            "and --dynamic) by running each once on tiny inputs in a temporary directory, and the suffix\n"
+            "drafter's, so that numba's cache holds them. Without it, the first run of each command after\n"
+            "installing compiles what it needs (about 10 s for stats on a 2-core machine); after it, about 1 s. The cache is numba's:\n"
             "__pycache__ beside the installed modules, or $NUMBA_CACHE_DIR; run this again after upgrading\n"
             "ngram-spec or numba, or with another NUMBA_CACHE_DIR.\n\n"
             "example: ngram-spec precompile"),

@@ -1,6 +1,11 @@
-"""The n-gram implementation generation uses by default: the array tables (:mod:`mlx_backend.ngram.api`)
-where numba is installed, else the reference's (:mod:`reference.ngram.api`), both llama.cpp's lookup."""
+"""The drafters generation uses by default: llama.cpp's lookup on the array tables (:mod:`mlx_backend.ngram.api`)
+where numba is installed, else the reference's (:mod:`reference.ngram.api`); and :func:`make_drafter`, the
+drafter named ``lookup``, ``suffix`` or ``auto`` (:mod:`reference.suffix.auto`) on the fast backend."""
 from __future__ import annotations
+
+from reference.suffix.auto import AUTO_MIN_MATCH, DRAFTERS
+
+drafter_names = DRAFTERS  # the names make_drafter accepts
 
 
 def ngram_api():
@@ -12,6 +17,41 @@ def ngram_api():
     return api
 
 
+def suffix_api():
+    """The suffix drafter's module: ``mlx_backend.suffix.drafter`` (hash indexes) if numba is installed,
+    else ``reference.suffix.drafter``."""
+    try:
+        import mlx_backend.suffix.drafter as api
+    except ImportError:
+        import reference.suffix.drafter as api
+    return api
+
+
 def default_drafter(c_st=None, c_dyn=None):
     """A drafter over ``c_st`` / ``c_dyn`` (caches or cache file paths) from :func:`ngram_api`."""
     return ngram_api().NgramDrafter(c_st=c_st, c_dyn=c_dyn)
+
+
+def make_drafter(name: str, *, c_st=None, c_dyn=None, history=None, score: str = "exact",
+                 min_match: int = AUTO_MIN_MATCH):
+    """The fast drafter called ``name`` (one of :data:`DRAFTERS`), as :func:`reference.suffix.auto.make_drafter`
+    builds the reference's: ``lookup`` llama.cpp's (:func:`default_drafter`'s ``NgramDrafter``; ``c_st``,
+    ``c_dyn``, ``score``), ``suffix`` :func:`suffix_api`'s ``SuffixDrafter`` (``history``: a ``SuffixHistory``
+    of the same module, or None), ``auto`` the two in :class:`reference.suffix.auto.AutoDrafter`.
+
+    >>> make_drafter("sufix")
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown drafter 'sufix': choose one of lookup, suffix, auto
+    """
+    from reference.suffix.auto import AutoDrafter
+
+    SuffixDrafter = suffix_api().SuffixDrafter
+    if name not in DRAFTERS:
+        raise ValueError(f"unknown drafter {name!r}: choose one of {', '.join(DRAFTERS)}")
+    if name == "suffix":
+        return SuffixDrafter(history)
+    lookup = ngram_api().NgramDrafter(c_st=c_st, c_dyn=c_dyn, score=score)
+    if name == "lookup":
+        return lookup
+    return AutoDrafter(SuffixDrafter(history), lookup, min_match=min_match)
