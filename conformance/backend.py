@@ -27,6 +27,11 @@ PROTOCOL = {
     "replay": "replay(tokens, n_ctx, n_draft, c_st=None, c_dyn=None, on_draft=None) -> stats "
               "(n_chunks, n_draft_calls, n_drafted, n_accept; optionally accept in percent); on_draft(pos, "
               "drafts) per draft call; n_draft = 0 drafts nothing, n_draft < 0 raises ValueError",
+    "suffix_drafter": "suffix_drafter(history=(), max_tokens=None, factor=None, max_match=None) -> a suffix "
+                      "drafter (reference/suffix/drafter.py's rule and ladder; None: the rule's defaults, 1 << 18, "
+                      "4.0, 64) over a history bounded by max_tokens that starts with the sequences of history, "
+                      "oldest first: reset(prompt), extend(tokens), draft(k) -> list[int], match_length (L of the "
+                      "last draft), add_history(tokens) (a finished sequence joins the history)",
     "load_model": "load_model(model_dir) -> model, from an mlx-lm model directory",
     "generate_step": "generate_step(model, prompt, max_tokens, drafter=None, draft_max=4, eos=()) yields "
                      "(token, from_draft): greedy decoding, speculative with drafts from drafter (any object with "

@@ -15,8 +15,9 @@ from conformance.registry import AREAS, THOROUGH
 DESCRIPTION = f"""\
 Check that a backend implements n-gram speculative decoding correctly: llama.cpp's n-gram counts,
 drafting, thresholds and ties, cache files and replay statistics (against llama.cpp's own outputs
-and the rules), and, for a backend that generates, exact state rollback, greedy output identical to
-plain greedy decoding, and an unchanged sampling distribution.
+and the rules), suffix drafting (against hand-worked cases and the rule), and, for a backend that
+generates, exact state rollback, greedy output identical to plain greedy decoding, and an unchanged
+sampling distribution.
 
 Each area is reported as passed, failed, skipped, or not applicable (the backend does not provide
 what the area needs). A failure shows the smallest failing example and the seed that reproduces it.

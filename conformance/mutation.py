@@ -46,6 +46,7 @@ MODULES = {
     "reference/ngram/cache_file.py": ("reference", ("cache_files", "drafting", "replay")),
     "reference/speculative.py": ("reference", ("greedy",)),
     "reference/models/cache.py": ("reference", ("rollback", "greedy")),
+    "reference/suffix/drafter.py": ("reference", ("suffix",)),
     "mlx_backend/decode/generate.py": ("mlx", ("greedy", "sampling")),
     "mlx_backend/decode/sampling.py": ("mlx", ("sampling", "greedy")),
     "mlx_backend/decode/rollback.py": ("mlx", ("rollback", "greedy")),
@@ -56,6 +57,16 @@ MODULES = {
 # (module, the mutated line as cosmic-ray writes it) -> why that mutant changes no behaviour a backend
 # can show (so it cannot be killed).
 EQUIVALENT: dict[tuple[str, str], str] = {
+    ("reference/suffix/drafter.py", "while l != min(limit, e, n) and a[e - 1 - l] == b[n - 1 - l]:"):
+        "l starts at 0 <= the bound and grows by 1: l != bound is l < bound",
+    ("reference/suffix/drafter.py", "for e in range(end_limit - 1, m >> 1, -1):"):
+        "an end e < m makes source[e-m:e] shorter than m tokens (its negative start wraps or clamps): never the "
+        "m-token suffix",
+    ("reference/suffix/drafter.py", "for e in range(end_limit - 1, m - 2, -1):"):
+        "an end e < m makes source[e-m:e] shorter than m tokens (its negative start wraps or clamps): never the "
+        "m-token suffix",
+    ("reference/suffix/drafter.py", "if found is None or k < 0:"): "k = 0 drafts min(0, ...) = 0 tokens either way",
+    ("reference/suffix/drafter.py", "if e > 0:"): "latest_end returns -1 or an end e >= m >= 1",
     ("reference/ngram/draft.py", "LAX = Thresholds(a_n=(2, 2, 1, 0), p_n=(66, 50, 50, 50))  # context cache"):
         "lax a_4 = 1 -> 0: a level is consulted only for an n-gram in the cache, whose count sum is >= 1",
     ("reference/ngram/draft.py", "LAX = Thresholds(a_n=(2, 2, 0, 1), p_n=(66, 50, 50, 50))  # context cache"):
@@ -140,6 +151,9 @@ OUT_OF_REACH: dict[tuple[str, str], str] = {
     ("mlx_backend/decode/generate.py", "stats.leave_plain += 1"): _STATS,
     ("mlx_backend/decode/generate.py", "stats.enter_plain += 1"): _STATS,
     ("reference/ngram/replay.py", "t_draft_us = t_draft_ns / 1e3"): _TIMING,
+    ("reference/suffix/drafter.py", "if max_match < 1 or not ladder or min(ladder) < 1:"):
+        "SuffixDrafter's ladder argument: the protocol's suffix_drafter drafts with the rule's ladder (checked by "
+        "suffix.ladder_lengths_are_the_rules) and passes none",
     ("reference/ngram/replay.py", "progress(i_start + n_ctx, len(chunk_starts) * n_ctx)"):
         "the work done that a caller's progress callback is told (a progress bar's advance)",
     ("reference/ngram/cache_file.py", "progress(4 * end, len(data))"):

@@ -20,6 +20,7 @@ AREAS = {
     "thresholds": "thresholds and ties",
     "cache_files": "cache files",
     "replay": "replay statistics",
+    "suffix": "suffix drafting",
     "rollback": "state rollback",
     "greedy": "speculative greedy equivalence",
     "sampling": "sampling distribution",

@@ -74,3 +74,51 @@ def streams_with_caches(draw, make_streams=streams):
     """``(stream, static_source, dynamic_source)``: the sources build the static and dynamic caches."""
     stream = draw(make_streams())
     return stream, draw(related_streams(stream)), draw(related_streams(stream))
+
+
+# -- suffix drafting ---------------------------------------------------------------------------------
+
+@st.composite
+def copies(draw, stream: list[int]) -> list[int]:
+    """A noisy, rotated copy of ``stream`` (non-empty), as :func:`related_streams` makes them."""
+    shift = draw(st.integers(0, len(stream) - 1))
+    out = stream[shift:] + stream[:shift]
+    for _ in range(draw(st.integers(0, max(1, len(out) // 4)))):
+        out[draw(st.integers(0, len(out) - 1))] = draw(st.sampled_from(stream))
+    return out
+
+
+# Factors that are exact binary fractions: floor(factor * L) is then the same in any arithmetic (a factor
+# such as 0.7 makes 0.7 * 10 either 7 or 6.99...: the rule does not say which).
+SUFFIX_FACTORS = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
+
+
+@st.composite
+def suffix_sessions(draw):
+    """What a suffix drafter is driven through (:func:`conformance.checks.suffix.drive`): ``settings``
+    (``max_tokens`` of the history, ``factor``, ``max_match``), the ``history`` it starts with (oldest
+    first), and ``requests``: ``(stream, prompt_len, ks, add)``, one generation each, whose output is
+    ``stream``, drafting ``ks[i % len(ks)]`` tokens at its i-th draft, its whole stream added to the
+    history after it when ``add``. Later requests and the history are mostly noisy copies of the first
+    stream, so matches in the history, ties with it and eviction happen."""
+    first = draw(streams(max_size=120))
+    requests = [first]
+    for _ in range(draw(st.integers(0, 2))):
+        requests.append(draw(related_streams(first)) or draw(streams(max_size=60)))
+    bound = draw(st.sampled_from(["none", "small", "tight"]))
+    # per history sequence: a copy of the first stream? "tight": an old copy, then one or two sequences, and a
+    # bound just below the total: the old copy is dropped at once (an evicted match)
+    copy = draw(st.lists(st.booleans(), min_size=1 if bound == "tight" else 0, max_size=2 if bound == "tight" else 3))
+    if bound == "tight":
+        copy = [True] + sorted(copy, reverse=True)
+    history = [draw(copies(first)) if c else draw(streams(max_size=60)) for c in copy]
+    total = sum(map(len, history))
+    settings = dict(
+        max_tokens=(1 << 20 if bound == "none" else draw(st.integers(0, 150)) if bound == "small"
+                    else max(0, total - draw(st.integers(1, 40)))),
+        factor=draw(st.sampled_from(SUFFIX_FACTORS)),
+        max_match=draw(st.one_of(st.just(64), st.integers(1, 12))),
+    )
+    plans = [(stream, draw(st.integers(0, 40)), draw(st.lists(st.integers(0, 12), min_size=1, max_size=6)),
+              draw(st.booleans())) for stream in requests]
+    return settings, history, plans

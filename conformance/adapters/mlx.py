@@ -1,6 +1,7 @@
 """``--backend mlx``: the MLX backend (``mlx_backend.ngram.api`` for n-grams, ``mlx_backend.decode.generate`` for
-speculative generation of mlx-lm models) through the conformance protocol. Plain decoding is
-mlx-lm's own ``generate_step``, so greedy equivalence is checked against mlx-lm itself."""
+speculative generation of mlx-lm models, ``mlx_backend.suffix.drafter`` for suffix drafting) through the
+conformance protocol. Plain decoding is mlx-lm's own ``generate_step``, so greedy equivalence is checked
+against mlx-lm itself."""
 from __future__ import annotations
 
 import functools
@@ -33,6 +34,11 @@ from mlx_backend.ngram.api import (  # noqa: F401  (protocol members)
     replay,
     save_cache,
 )
+
+from conformance.adapters.suffix import optional_suffix_adapter
+
+# None (the suffix area not applicable) only while mlx_backend/suffix/drafter.py does not exist
+suffix_drafter = optional_suffix_adapter("mlx_backend.suffix.drafter")
 
 
 def load_model(model_dir):

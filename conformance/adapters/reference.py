@@ -1,6 +1,7 @@
 """``--backend reference``: the NumPy reference (``reference.ngram.api``, ``reference.models``,
-``reference.speculative``) through the conformance protocol. The reference generates greedily
-only, so it has no ``sample_step`` and the sampling area is not applicable to it."""
+``reference.speculative``, ``reference.suffix.drafter``) through the conformance protocol. The
+reference generates greedily only, so it has no ``sample_step`` and the sampling area is not
+applicable to it."""
 from __future__ import annotations
 
 import numpy as np
@@ -17,6 +18,11 @@ from reference.ngram.api import (  # noqa: F401  (protocol members)
 from reference.speculative import REFERENCE_DRAFT_MAX
 from reference.models import load_model  # noqa: F401
 from reference.speculative import greedy_generate, speculative_generate
+from reference.suffix.drafter import SuffixDrafter, SuffixHistory
+
+from conformance.adapters.suffix import suffix_adapter
+
+suffix_drafter = suffix_adapter(SuffixDrafter, SuffixHistory)  # reference/suffix/drafter.py
 
 
 def context_counts(drafter):

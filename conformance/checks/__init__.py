@@ -7,6 +7,7 @@ from conformance.checks import (  # noqa: F401
     replay,
     rollback,
     sampling,
+    suffix,
     thresholds,
 )
 from conformance.registry import Check, registered

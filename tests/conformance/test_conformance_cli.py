@@ -98,7 +98,8 @@ def test_missing_members_are_not_applicable_not_passed(tmp_path):
     assert "(the backend does not provide load_cache)" in p.stdout
     status = {a["area"]: a["status"] for a in json.loads(out.read_text())["areas"]}
     assert status == {"counts": "not applicable", "drafting": "passed", "thresholds": "not selected",
-                      "cache_files": "not applicable", "replay": "not selected", "rollback": "not selected",
+                      "cache_files": "not applicable", "replay": "not selected", "suffix": "not selected",
+                      "rollback": "not selected",
                       "greedy": "not selected", "sampling": "not selected"}
 
 

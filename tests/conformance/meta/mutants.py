@@ -19,6 +19,7 @@ import reference.ngram.drafter
 import reference.models.cache as model_cache
 import reference.ngram.replay
 import reference.speculative
+import reference.suffix.drafter as suffix_drafter
 
 
 @contextlib.contextmanager
@@ -425,6 +426,73 @@ def greedy_bonus_token_when_sampling():
     return attribute(generate, "verify_drafts", argmax_bonus)
 
 
+# -- suffix drafting -----------------------------------------------------------------------------
+
+def suffix_earliest_occurrence():
+    """Suffix drafting copies after the earliest occurrence of the matched suffix, not the latest."""
+    def earliest_end(source, m, T, end_limit):
+        suffix = list(T[len(T) - m:])
+        return next((e for e in range(m, end_limit) if list(source[e - m:e]) == suffix), -1)
+
+    return replaced(suffix_drafter.latest_end, earliest_end)
+
+
+def suffix_factor_ignored():
+    """Suffix drafting drafts k tokens whatever the match length (factor * L does not bound the draft)."""
+    draft = suffix_drafter.SuffixDrafter.draft
+
+    def unbounded(self, k):
+        factor, self.factor = self.factor, float(max(k, 1))
+        try:
+            return draft(self, k)
+        finally:
+            self.factor = factor
+
+    return attribute(suffix_drafter.SuffixDrafter, "draft", unbounded)
+
+
+def suffix_history_first():
+    """At each suffix length the history is searched before the sequence itself (ties go to the history)."""
+    latest_end, match_length = suffix_drafter.latest_end, suffix_drafter.match_length
+
+    def find_match(T, history, *, ladder=suffix_drafter.LADDER, max_match=suffix_drafter.MAX_MATCH):
+        n = len(T)
+        for m in sorted((m for m in ladder if m <= min(n, max_match)), reverse=True):
+            for i, source in [(i, history[i]) for i in range(len(history) - 1, -1, -1)] + [(-1, T)]:
+                e = latest_end(source, m, T, len(source) if i >= 0 else n)
+                if e >= 0:
+                    return i, e, match_length(source, e, T, n, max_match)
+        return None
+
+    return replaced(suffix_drafter.find_match, find_match)
+
+
+def suffix_length_is_the_ladders():
+    """match_length reports the ladder length found (m*), not the match measured at the occurrence: a 5-token
+    match found with m = 4 reports 4 and drafts 8 tokens instead of 10."""
+    match_length, ladder = suffix_drafter.match_length, suffix_drafter.LADDER
+
+    def ladder_length(a, e, b, n, limit):
+        l = match_length(a, e, b, n, limit)
+        return max((m for m in ladder if m <= l), default=0)
+
+    return replaced(match_length, ladder_length)
+
+
+def suffix_history_not_evicted():
+    """The suffix history keeps every sequence added (cut to max_tokens each) instead of dropping the oldest."""
+    add = suffix_drafter.SuffixHistory.add
+
+    def keep_all(self, tokens):
+        bound, self.max_tokens = self.max_tokens, 1 << 62
+        try:
+            add(self, list(tokens)[-bound:] if bound else [])
+        finally:
+            self.max_tokens = bound
+
+    return attribute(suffix_drafter.SuffixHistory, "add", keep_all)
+
+
 # name -> (mutant, the backend it breaks, the checks that must all fail: a rule check and a second one)
 MUTANTS = {
     "a_3 off by one": (a3_off_by_one, "reference",
@@ -490,4 +558,19 @@ MUTANTS = {
     "GatedDeltaNet rolled back by re-running": (gdn_rolled_back_by_recompute, "mlx",
                                                 ["rollback.zero_draft_steps_between_drafted_steps",
                                                  "rollback.keep_m_equals_feeding_m_tokens"]),
+    # suffix drafting (reference/suffix/drafter.py)
+    "suffix: the earliest occurrence instead of the latest": (suffix_earliest_occurrence, "reference",
+                                                              ["suffix.hand_worked_cases",
+                                                               "suffix.drafts_follow_the_rule"]),
+    "suffix: the factor ignored": (suffix_factor_ignored, "reference",
+                                   ["suffix.hand_worked_cases", "suffix.drafts_follow_the_rule",
+                                    "suffix.drafts_are_copies_of_a_longest_match"]),
+    "suffix: the history searched before the sequence": (suffix_history_first, "reference",
+                                                         ["suffix.hand_worked_cases",
+                                                          "suffix.drafts_follow_the_rule"]),
+    "suffix: L reported as the ladder length": (suffix_length_is_the_ladders, "reference",
+                                                ["suffix.hand_worked_cases", "suffix.drafts_follow_the_rule",
+                                                 "suffix.drafts_are_copies_of_a_longest_match"]),
+    "suffix: the history never evicted": (suffix_history_not_evicted, "reference",
+                                          ["suffix.hand_worked_cases", "suffix.drafts_follow_the_rule"]),
 }
