@@ -1,5 +1,6 @@
 """``ngram-spec create | stats | merge | inspect``: llama.cpp's lookup-create, lookup-stats and
-lookup-merge on token files, and a look inside cache files.
+lookup-merge on token files, and a look inside cache files; ``stats --requests`` replays recorded
+requests (prompt, output) with the lookup, suffix or auto drafter (:mod:`reference.suffix.replay`).
 
 Token files are raw little-endian int32 (``.i32``) or ``.npy`` (``.xz`` is decompressed on the fly);
 cache files use llama.cpp's ``common_ngram_cache_save`` format. ``--backend`` picks the
@@ -11,7 +12,9 @@ import argparse
 import collections
 import contextlib
 import inspect
+import io
 import json
+import lzma
 import sys
 import time
 from pathlib import Path
@@ -23,6 +26,7 @@ from mlx_backend.cli.progress import add_option as add_progress_option, bar
 from reference.ngram.draft import SCORES
 from reference.ngram.ours_file import tokenizer_fingerprint
 from reference.ngram.replay import check_replay_args
+from reference.suffix.replay import replay_requests
 
 DRAFT_DUMP_HEADER = "# pos k draft_1..draft_k  (pos = index in the token file of the token draft_1 predicts)\n"
 
@@ -50,36 +54,7 @@ def register(subparsers) -> None:
     add_progress_option(p)
     p.set_defaults(func=cmd_create)
 
-    p = subparsers.add_parser(
-        "stats", formatter_class=fmt, help="replay a token file and count drafted/accepted tokens (llama-lookup-stats)",
-        description="Replay TOKENS as if a model had generated them, drafting with llama.cpp's n-gram\n"
-                    "caches before every token, like llama-lookup-stats: the stream is cut into\n"
-                    "floor((N-1)/n_ctx) chunks; each chunk starts with an empty context cache, which is merged\n"
-                    "into the dynamic cache afterwards. Reports drafted and accepted tokens, the acceptance\n"
-                    "rate, and the drafting time per drafted token.\n\n"
-                    "example: ngram-spec stats text.i32 --static static.bin --n-ctx 4096 --n-draft 16 --json")
-    p.add_argument("tokens", metavar="TOKENS", help="token file to replay (.i32, .npy)")
-    p.add_argument("--static", metavar="FILE", help="static cache file (2-grams, from `create`); lookup-stats -lcs")
-    p.add_argument("--dynamic", metavar="FILE", help="dynamic cache file loaded at start; lookup-stats -lcd")
-    p.add_argument("--n-ctx", type=int, default=4096,
-                   help="chunk length, the model context (default: %(default)s). llama-lookup-stats chunks by "
-                        "llama_n_ctx(), its -c rounded up (to a multiple of 256 in current llama.cpp): to "
-                        "reproduce `-c 1000`, pass --n-ctx 1024")
-    p.add_argument("--n-draft", "--draft-max", type=int, default=16,
-                   help="maximum tokens per draft (alias --draft-max, the name generate uses; default: %(default)s)")
-    p.add_argument("--score", choices=SCORES, default="exact",
-                   help="score arithmetic: exact integers (default), or int32 = llama.cpp's wrapping 32-bit "
-                        "product (identical unless a product exceeds 2**31-1)")
-    p.add_argument("--drafts-out", metavar="FILE",
-                   help="write one line 'pos k d_1 .. d_k' per draft call (the conformance vectors' dump format)")
-    p.add_argument("--save-dynamic", metavar="FILE",
-                   help="save the dynamic cache after the replay (the --dynamic one plus every replayed chunk)")
-    p.add_argument("--json", action="store_true",
-                   help="print a JSON summary (with the backend that ran) instead of lookup-stats' lines")
-    add_progress_option(p)
-    add_format_arg(p)
-    add_backend_arg(p)
-    p.set_defaults(func=cmd_stats)
+    register_stats(subparsers, fmt)
 
     p = subparsers.add_parser(
         "merge", formatter_class=fmt, help="sum the counts of cache files (llama-lookup-merge)",
@@ -102,6 +77,70 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print JSON (with the backend that ran)")
     add_backend_arg(p)
     p.set_defaults(func=cmd_inspect)
+
+
+def register_stats(subparsers, fmt) -> None:
+    """The ``stats`` parser: a token file (llama-lookup-stats) or ``--requests``."""
+    p = subparsers.add_parser(
+        "stats", formatter_class=fmt,
+        help="replay a token file (llama-lookup-stats) or recorded requests and count drafted/accepted tokens",
+        description="Replay TOKENS as if a model had generated them, drafting with llama.cpp's n-gram\n"
+                    "caches before every token, like llama-lookup-stats: the stream is cut into\n"
+                    "floor((N-1)/n_ctx) chunks; each chunk starts with an empty context cache, which is merged\n"
+                    "into the dynamic cache afterwards. Reports drafted and accepted tokens, the acceptance\n"
+                    "rate, and the drafting time per drafted token.\n\n"
+                    "With --requests FILE instead of TOKENS: replay recorded requests as the generation loop\n"
+                    "would run them (reference/suffix/replay.py). FILE is JSON Lines (.jsonl, or .jsonl.xz),\n"
+                    "one request a line: {\"prompt\": TEXT or [ids], \"output\": TEXT or [ids]}, the output\n"
+                    "being what greedy decoding gave for the prompt; text is tokenized as is (no chat\n"
+                    "template, no special tokens) with --model's tokenizer. Each request starts with k = 0\n"
+                    "(the first token), then drafts k = min(--draft-max, tokens left - 1), accepts the drafts\n"
+                    "that match the output, emits them and one more token: one verify step. Reports\n"
+                    "verify steps and output tokens per step (the speed-up bound: a forward pass per step),\n"
+                    "per request too with --json.\n\n"
+                    "example: ngram-spec stats text.i32 --static static.bin --n-ctx 4096 --n-draft 16 --json\n"
+                    "         ngram-spec stats --requests benchmarks/data/edit-traces.jsonl.xz --drafter auto \\\n"
+                    "             --draft-max 16 --history requests --json")
+    p.add_argument("tokens", metavar="TOKENS", nargs="?", help="token file to replay (.i32, .npy)")
+    p.add_argument("--requests", metavar="FILE",
+                   help="replay recorded requests instead: JSON Lines {prompt, output} (text or token ids)")
+    p.add_argument("--static", metavar="FILE", help="static cache file (2-grams, from `create`); lookup-stats -lcs")
+    p.add_argument("--dynamic", metavar="FILE", help="dynamic cache file loaded at start; lookup-stats -lcd")
+    p.add_argument("--n-ctx", type=int, default=None,
+                   help="chunk length, the model context (default: 4096; TOKENS only). llama-lookup-stats chunks "
+                        "by llama_n_ctx(), its -c rounded up (to a multiple of 256 in current llama.cpp): to "
+                        "reproduce `-c 1000`, pass --n-ctx 1024")
+    p.add_argument("--n-draft", "--draft-max", type=int, default=16,
+                   help="maximum tokens per draft (alias --draft-max, the name generate uses; default: %(default)s)")
+    p.add_argument("--drafter", choices=("lookup", "suffix", "auto"), default="lookup",
+                   help="with --requests: lookup (llama.cpp's n-gram caches, default), suffix (copy what followed "
+                        "the longest earlier match of the sequence's end, in the sequence or the history) or auto "
+                        "(suffix where its match is long enough, else lookup)")
+    p.add_argument("--history", choices=("none", "requests"), default="none",
+                   help="with --requests: none (each request on its own, default) or requests (the suffix "
+                        "drafter also matches every earlier request's prompt and output, in file order, as a "
+                        "server sees them; lookup ignores it)")
+    p.add_argument("--model", metavar="PATH",
+                   help="with --requests: the tokenizer for text requests (and the vocabulary ids are checked "
+                        "against): a .gguf model file, or a model directory / tokenizer.json (default: the "
+                        "bundled SmolLM2-135M-Instruct GGUF)")
+    p.add_argument("--score", choices=SCORES, default="exact",
+                   help="score arithmetic: exact integers (default), or int32 = llama.cpp's wrapping 32-bit "
+                        "product (identical unless a product exceeds 2**31-1)")
+    p.add_argument("--drafts-out", metavar="FILE",
+                   help="write one line 'pos k d_1 .. d_k' per draft call (the conformance vectors' dump format; "
+                        "TOKENS only)")
+    p.add_argument("--save-dynamic", metavar="FILE",
+                   help="save the dynamic cache after the replay (the --dynamic one plus every replayed chunk; "
+                        "TOKENS only)")
+    p.add_argument("--json", action="store_true",
+                   help="print a JSON summary (with the backend that ran) instead of lookup-stats' lines; with "
+                        "--requests: requests, output_tokens, verify_steps, tokens_per_step, drafted, accepted, "
+                        "draft_us_per_token (drafter time per output token) and per_request")
+    add_progress_option(p)
+    add_format_arg(p)
+    add_backend_arg(p)
+    p.set_defaults(func=cmd_stats)
 
 
 def add_format_arg(p: argparse.ArgumentParser) -> None:
@@ -235,6 +274,16 @@ def cmd_create(args) -> int:
 
 
 def cmd_stats(args) -> int:
+    if args.requests is not None:
+        return cmd_stats_requests(args)
+    if args.tokens is None:
+        raise UserError("stats needs a token file TOKENS, or --requests FILE")
+    for flag, value, default in (("--drafter", args.drafter, "lookup"), ("--history", args.history, "none"),
+                                 ("--model", args.model, None)):
+        if value != default:
+            raise UserError(f"{flag} applies to --requests only (a token file is replayed with llama.cpp's lookup)")
+    if args.n_ctx is None:
+        args.n_ctx = 4096
     try:
         check_replay_args(args.n_ctx, args.n_draft)
     except ValueError as exc:
@@ -295,6 +344,163 @@ def cmd_stats(args) -> int:
               f"{tps:.2f} tokens per second\n"
               f"n_accept     = {stats.n_accept}\n"
               f"accept       = {stats.accept:.3f}%")
+    return 0
+
+
+# --- stats --requests: recorded requests replayed as the generation loop runs them -------------
+
+KEYS = ("prompt", "output")
+
+
+def check_request_args(args) -> None:
+    """Options of the token-file replay that mean nothing here, and bad values: one line each."""
+    if args.tokens is not None:
+        raise UserError(f"pass either a token file ({args.tokens}) or --requests, not both")
+    for flag, value in (("--n-ctx", args.n_ctx), ("--drafts-out", args.drafts_out),
+                        ("--save-dynamic", args.save_dynamic)):
+        if value is not None:
+            raise UserError(f"{flag} applies to a token file only, not to --requests")
+    if args.n_draft < 0:
+        raise UserError(f"--draft-max must be >= 0, got {args.n_draft}")
+
+
+def read_request_lines(path: str) -> list[tuple[int, dict]]:
+    """``(line number, object)`` of every non-blank line of a JSON Lines file (``.xz``: decompressed)."""
+    check_input_file(path, "requests file")
+    data = Path(path).read_bytes()
+    if path.endswith(".xz"):
+        try:
+            data = lzma.decompress(data)
+        except lzma.LZMAError as exc:
+            raise UserError(f"{path}: not a valid .xz file ({exc})") from exc
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text ({exc})") from exc
+    rows = []
+    for number, line in enumerate(io.StringIO(text), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{path}:{number}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
+        if not isinstance(obj, dict):
+            raise UserError(f"{path}:{number}: a request must be a JSON object with \"prompt\" and \"output\", "
+                            f"got {type(obj).__name__}")
+        missing = [k for k in KEYS if k not in obj]
+        if missing:
+            raise UserError(f"{path}:{number}: missing key {' and '.join(repr(k) for k in missing)} "
+                            "(a request is {\"prompt\": ..., \"output\": ...})")
+        for key in KEYS:
+            value = obj[key]
+            ok = isinstance(value, str) or (isinstance(value, list) and all(
+                isinstance(t, int) and not isinstance(t, bool) for t in value))
+            if not ok:
+                raise UserError(f"{path}:{number}: {key!r} must be text or a list of token ids (integers)")
+            if len(value) == 0:
+                raise UserError(f"{path}:{number}: {key!r} is empty (a request has at least one prompt token "
+                                "and one output token)")
+        rows.append((number, obj))
+    if not rows:
+        raise UserError(f"{path}: no requests (one JSON object a line)")
+    return rows
+
+
+def resolve_tokenizer(model: str | None):
+    """``(tokenizer, vocab_size)`` of ``--model`` (default: the bundled SmolLM2 GGUF)."""
+    if model is None:
+        try:
+            from mlx_backend.models.gguf_file import default_model_path
+            model = str(default_model_path())
+        except ImportError as exc:
+            raise UserError(f"the default tokenizer needs the mlx extra ({exc}); pass --model PATH "
+                            "(a tokenizer.json or its directory)") from exc
+        except FileNotFoundError as exc:
+            raise UserError(str(exc)) from exc
+    elif not Path(model).exists():
+        raise UserError(f"--model {model}: no such file or directory")
+    tokenizer = load_tokenizer(model)
+    size = tokenizer.get_vocab_size() if hasattr(tokenizer, "get_vocab_size") else len(tokenizer.get_vocab())
+    return tokenizer, size
+
+
+def tokenize_requests(path: str, rows, model: str | None) -> tuple[list[tuple[list[int], list[int]]], int | None]:
+    """Token ids of every request (text through the tokenizer, as is), checked against the vocabulary
+    when one is known (``--model`` given, or text in the file)."""
+    need = model is not None or any(isinstance(obj[k], str) for _, obj in rows for k in KEYS)
+    tokenizer, vocab = resolve_tokenizer(model) if need else (None, None)
+    requests = []
+    for number, obj in rows:
+        pair = []
+        for key in KEYS:
+            value = obj[key]
+            ids = encode(tokenizer, value, False) if isinstance(value, str) else value
+            if isinstance(value, str) and not ids:
+                raise UserError(f"{path}:{number}: {key!r} tokenizes to no tokens")
+            bad = next((t for t in ids if t < 0 or (vocab is not None and t >= vocab) or t > 2**31 - 1), None)
+            if bad is not None:
+                rule = f"0..{vocab - 1}, the vocabulary of {model or 'the default model'}" if vocab else "0..2**31-1"
+                raise UserError(f"{path}:{number}: {key!r} holds token id {bad}, outside {rule}")
+            pair.append(list(ids))
+        requests.append(tuple(pair))
+    return requests, vocab
+
+
+def request_drafters(backend, name: str, c_st, c_dyn, score: str):
+    """``(make_drafter(history), new_history, suffix_impl)`` for the backend that runs: the reference's
+    drafters, or the fast ones (:func:`mlx_backend.ngram.default.make_drafter`, the suffix drafter of
+    :func:`~mlx_backend.ngram.default.suffix_api` and its ``SuffixHistory``)."""
+    if backend_name(backend) == "reference":
+        from reference.suffix.auto import make_drafter
+        from reference.suffix.drafter import SuffixHistory
+
+        return (lambda history: make_drafter(name, c_st=c_st, c_dyn=c_dyn, history=history, score=score),
+                SuffixHistory, "reference")
+    from mlx_backend.ngram.default import make_drafter, suffix_api
+
+    api = suffix_api()
+    return (lambda history: make_drafter(name, c_st=c_st, c_dyn=c_dyn, history=history, score=score),
+            api.SuffixHistory, "reference" if api.__name__.startswith("reference") else backend_name(backend))
+
+
+def cmd_stats_requests(args) -> int:
+    check_request_args(args)
+    backend = get_backend(args.backend)
+    rows = read_request_lines(args.requests)
+    requests, vocab = tokenize_requests(args.requests, rows, args.model)
+    c_st = load_cache_file(backend, args.static, "static") if args.static else None
+    c_dyn = load_cache_file(backend, args.dynamic, "dynamic") if args.dynamic else None
+    if c_st is not None:
+        check_static(backend, c_st, args.static)
+    make, new_history, suffix_impl = request_drafters(backend, args.drafter, c_st, c_dyn, args.score)
+    history = new_history() if args.history == "requests" else None
+    replay_requests([([0, 1, 0, 1], [0, 1, 0, 1])], make, 2)  # compile (numba) outside the timed replay
+    progress = bar("replay", "tok", False if args.no_progress else None)
+    result = replay_requests(requests, make, args.n_draft, history=history, vocab_size=vocab, progress=progress)
+    summary = {
+        "requests": result.requests, "output_tokens": result.output_tokens, "verify_steps": result.verify_steps,
+        "tokens_per_step": result.tokens_per_step, "drafted": result.drafted, "accepted": result.accepted,
+        "accept": 100.0 * result.accepted / result.drafted if result.drafted else 0.0,
+        "draft_us_per_token": result.draft_us_per_token,
+        "drafter": args.drafter, "draft_max": args.n_draft, "history": args.history,
+        "backend": backend_name(backend), "suffix_backend": suffix_impl if args.drafter != "lookup" else None,
+        "per_request": [{"line": number, "output_tokens": r.output_tokens, "verify_steps": r.verify_steps,
+                         "drafted": r.drafted, "accepted": r.accepted}
+                        for (number, _), r in zip(rows, result.per_request)],
+    }
+    if args.json:
+        print(json.dumps(summary, indent=1))
+        return 0
+    print(f"requests        = {result.requests}\n"
+          f"drafter         = {args.drafter} (draft-max {args.n_draft}, history {args.history}, "
+          f"backend {summary['backend']})\n"
+          f"output_tokens   = {result.output_tokens}\n"
+          f"verify_steps    = {result.verify_steps}\n"
+          f"tokens_per_step = {result.tokens_per_step:.3f}\n"
+          f"drafted         = {result.drafted}\n"
+          f"accepted        = {result.accepted} ({summary['accept']:.1f}%)\n"
+          f"draft time      = {result.draft_us_per_token:.2f} us per output token")
     return 0
 
 
