@@ -27,11 +27,18 @@ instead of ``c_p``. The generator leaves plain mode (:meth:`DraftPolicy.leave_pl
 
 the tokens plain mode would have produced in that time.
 
-``a_i`` is an exponentially weighted moving average (weight ``alpha``) updated from *every*
-proposal of the drafter, verified or not: a proposal made before position t is compared with
-the tokens the model then emits at t+1, t+2, ... (for verified drafts this is the verification
-itself; for drafts the policy did not verify, the later output tells the same thing). The policy
-therefore keeps learning while it drafts nothing, and starts drafting when acceptance rises.
+``a_i`` is learned from *every* proposal of the drafter, verified or not: a proposal made before
+position t is compared with the tokens the model then emits at t+1, t+2, ... (for verified drafts
+this is the verification itself; for drafts the policy did not verify, the later output tells the
+same thing). The policy therefore keeps learning while it drafts nothing, and starts drafting when
+acceptance rises. It is kept per *match-length bucket*: a suffix drafter (``match_length`` after
+each draft) that copies after a 40-token match is right far more often than one guessing after a
+1-token match, so ``a_i`` is learned and used separately for L = 0 (no match, or the lookup drafter,
+which has no match length), 1, 2-3, 4-7, 8-15, 16-31 and 32+ (:data:`MATCH_BUCKETS`). Each estimate
+starts at a prior (:data:`PRIORS`, rising with L) and moves with the observations: per position for
+L = 0, one for all positions of a suffix match (:class:`DraftPolicy`). Untimed verify sizes beyond
+those timed are costed conservatively (:meth:`StepCosts.estimate`), so the policy lengthens its
+drafts as it times longer verifies, up to :data:`DEFAULT_K_MAX` = 64.
 
 >>> policy = DraftPolicy([1.0, 1.1, 1.2, 1.3], prior=0.9)   # verify of 2..4 tokens nearly free
 >>> policy.choose(3)
@@ -44,6 +51,8 @@ therefore keeps learning while it drafts nothing, and starts drafting when accep
 """
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
 import math
 import os
@@ -51,6 +60,7 @@ import platform
 import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import mlx.core as mx
@@ -62,8 +72,18 @@ from mlx_backend.machine.blas import blas_in_use
 from mlx_backend.decode.rollback import VerifyCache
 from mlx_backend.machine.user_cache import cache_dir
 
-DEFAULT_K_MAX = 8
+DEFAULT_K_MAX = 64
 PRIOR_SLOPE = 0.25  # c(S) / c(1) grows by this per extra token until a verify step is timed
+#: Lower ends of the match-length buckets acceptance is kept by: L = 0 (no match, or a drafter without
+#: match lengths: the lookup), 1, 2-3, 4-7, 8-15, 16-31, 32+.
+MATCH_BUCKETS = (0, 1, 2, 4, 8, 16, 32)
+BUCKET_LABELS = ("0", "1", "2-3", "4-7", "8-15", "16-31", "32+")
+#: a_i per bucket before any observation: bucket 0 keeps the lookup's 0.5; the others are about what
+#: the suffix drafter's copies achieve on SmolLM2's demo answers and on free writing (per draft token:
+#: L = 1 0.2, 2-3 0.5-0.8, 4-7 0.8-0.96, 8+ 0.85-0.98). A constant a caps E(n) at 1 / (1 - a) whatever
+#: n, so even the 32+ prior (E <= 33) does not draft 64 tokens untested unless verifying them is free.
+PRIORS = (0.5, 0.2, 0.5, 0.85, 0.92, 0.95, 0.97)
+PRIOR_WEIGHT = 2    # observations a prior counts as: the first ones move an estimate fast
 WINDOW = 16         # timings kept per S (the estimate is their median)
 COST_FILE = "step-costs.json"
 _COSTS: dict[str, "StepCosts"] = {}
@@ -74,13 +94,13 @@ class StepCosts:
 
     ``samples[0]`` holds seconds per token of pipelined plain steps (``c_p``, timed token to token;
     not the first step of a plain run, which also pays for the rollback and graph changes of the
-    verify step before it); ``samples[S]``, S >= 1, the seconds of a verify step over S tokens (the
+    verify step before it, nor its last, launched a step before it is waited for); ``samples[S]``, S >= 1, the seconds of a verify step over S tokens (the
     forward, reading its tokens and the rollback) divided by ``c_p`` at that time, so that a change
     of machine load between runs cancels out. ``c(1)`` is ``c_p`` until timed (a fixed-length
     policy's empty draft; the cost-aware one pipelines those steps). Each keeps its last :data:`WINDOW` values and is estimated by their median, made
     non-decreasing in S (:func:`_non_decreasing`, weighted by the number of timings). An S
-    never timed is interpolated linearly between timed ones, and beyond
-    the largest timed S extrapolated with the mean slope from S = 1 (:data:`PRIOR_SLOPE` before any).
+    never timed is interpolated linearly between timed ones, and beyond the largest timed S
+    extrapolated conservatively (:meth:`estimate`; :data:`PRIOR_SLOPE` a token before any).
 
     >>> costs = StepCosts(4)
     >>> costs.add(0, 0.1); costs.add(3, 0.12)     # a plain step of 100 ms, a verify of 3 in 120 ms
@@ -93,38 +113,56 @@ class StepCosts:
         self.key = key
         self.samples = {S: list(v)[-WINDOW:] for S, v in (samples or {}).items() if 0 <= S <= s_max and v}
         self.n_new = 0   # timings added by this process
+        self._medians: dict[int, float] = {}   # per S, dropped when S gets a timing
+
+    def _median(self, S: int) -> float:
+        if S not in self._medians:
+            self._medians[S] = statistics.median(self.samples[S])
+        return self._medians[S]
 
     def add(self, S: int, seconds: float) -> None:
         """Record a step: S = 0 a pipelined plain step, S >= 1 a forward over S tokens waited for."""
         if S > 0:
             if not self.samples.get(0):
                 return   # relative to c_p: nothing to relate to yet
-            seconds /= statistics.median(self.samples[0])
+            seconds /= self._median(0)
         self.samples.setdefault(S, []).append(seconds)
         del self.samples[S][:-WINDOW]
+        self._medians.pop(S, None)
         self.n_new += 1
 
     def estimate(self) -> tuple[list[float], float] | None:
-        """``([c(1), ..., c(s_max)], c_p)`` in seconds, or None before the first timed plain step."""
+        """``([c(1), ..., c(s_max)], c_p)`` in seconds, or None before the first timed plain step.
+
+        Beyond the largest timed size ``T`` the estimate is conservative: up to ``2 T`` it grows with
+        the steeper of the mean slope from S = 1 and the slope over the upper half of the timed range
+        (a curve that is flat while the forward is bandwidth-bound and then rises is not taken as
+        flat), beyond ``2 T`` at least by :data:`PRIOR_SLOPE` per token, so the policy tries sizes at
+        most about twice those it has timed (each timed size then widens the range)."""
         if not self.samples.get(0):
             return None
-        c_p = statistics.median(self.samples[0])
+        c_p = self._median(0)
         known = sorted({1, *(S for S in self.samples if S > 0)})
-        medians = [statistics.median(self.samples[S]) if S in self.samples else 1.0 for S in known]
+        medians = [self._median(S) if S in self.samples else 1.0 for S in known]
         weights = [len(self.samples.get(S, ())) or 1 for S in known]
-        rel = dict(zip(known, _non_decreasing(medians, weights)))
+        rel = _non_decreasing(medians, weights)
         last = known[-1]
-        slope = (rel[last] - rel[1]) / (last - 1) if last > 1 else PRIOR_SLOPE
-        costs = []
+        slope = PRIOR_SLOPE
+        if last > 1:
+            slope = (rel[-1] - rel[0]) / (last - 1)
+            mid = bisect.bisect_right(known, (1 + last) / 2) - 1     # the upper half's first timed size
+            if known[mid] < last:
+                slope = max(slope, (rel[-1] - rel[mid]) / (last - known[mid]))
+        far = max(slope, PRIOR_SLOPE)
+        costs, j = [], 0
         for S in range(1, self.s_max + 1):
-            if S in rel:
-                r = rel[S]
-            elif S > last:
-                r = rel[last] + slope * (S - last)
+            if S >= last:
+                r = rel[-1] + slope * (min(S, 2 * last) - last) + far * max(S - 2 * last, 0)
             else:
-                lo = max(k for k in known if k < S)
-                hi = min(k for k in known if k > S)
-                r = rel[lo] + (rel[hi] - rel[lo]) * (S - lo) / (hi - lo)
+                while known[j + 1] <= S:
+                    j += 1
+                lo, hi = known[j], known[j + 1]
+                r = rel[j] + (rel[j + 1] - rel[j]) * (S - lo) / (hi - lo)
             costs.append(r * c_p)
         return costs, c_p
 
@@ -146,14 +184,39 @@ def _non_decreasing(values: list[float], weights: list[float]) -> list[float]:
     return [v for v, _, n in blocks for _ in range(n)]
 
 
+def match_bucket(match_length: int) -> int:
+    """The index of the match-length bucket of ``L`` (:data:`MATCH_BUCKETS`: 0, 1, 2-3, 4-7, 8-15,
+    16-31, 32+; 0 also for a drafter without a match length, the lookup).
+
+    >>> [match_bucket(L) for L in (0, 1, 2, 3, 4, 7, 8, 16, 31, 32, 64)]
+    [0, 1, 2, 2, 3, 3, 4, 5, 5, 6, 6]
+    """
+    return bisect.bisect_right(MATCH_BUCKETS, max(int(match_length), 0)) - 1
+
+
 class DraftPolicy:
     """Chooses the draft length from verify costs ``costs[S - 1]``, the pipelined plain cost and
     tracked acceptance; ``plain_cost`` defaults to ``c(1)`` (no pipelining gain). With
     ``step_costs`` instead of ``costs``, the costs are learned from the steps the generator times
-    (:meth:`observe_cost`); until the first one it drafts nothing."""
+    (:meth:`observe_cost`); until the first one it drafts nothing.
+
+    Acceptance ``a_i`` is kept per match-length bucket (:func:`match_bucket` of the drafter's
+    ``match_length`` when it proposed): ``accept_by[b][i - 1]``. ``prior`` is the acceptance before
+    any observation: one value for every bucket, a sequence of one per bucket, or None for
+    :data:`PRIORS`. Bucket 0 (no match; the lookup drafter's proposals, whose acceptance depends on
+    the position) keeps one estimate per position: the mean of the prior (weighing
+    :data:`PRIOR_WEIGHT` observations) and the observations while they are few, then an EWMA of
+    weight ``alpha``. A suffix match's copy is about as likely right at its 30th token as at its
+    3rd, so buckets >= 1 keep one ``a`` for all positions: ``(PRIOR_WEIGHT * prior + hits) /
+    (PRIOR_WEIGHT + trials)`` over every position, hits and trials forgetting by ``1 - alpha`` per
+    proposal in the bucket (about the last ``1 / alpha`` proposals: hundreds of observations on a
+    long copy, so a ~0.99 acceptance is told from 0.95 within a few verifies, which per-position
+    averages of a few observations each could not). ``alpha = 0`` freezes every estimate at its
+    prior. :attr:`accept` is bucket 0's (the lookup's, or no match)."""
 
     def __init__(self, costs: list[float] | None = None, *, plain_cost: float | None = None,
-                 step_costs: StepCosts | None = None, alpha: float = 0.1, prior: float = 0.5):
+                 step_costs: StepCosts | None = None, alpha: float = 0.1,
+                 prior: float | Sequence[float] | None = None):
         if (costs is None) == (step_costs is None):
             raise ValueError("give either costs or step_costs")
         if costs is not None and (len(costs) < 1 or costs[0] <= 0):
@@ -164,16 +227,33 @@ class DraftPolicy:
         self.plain_cost: float | None = None
         self._set_costs((costs, plain_cost) if costs is not None else step_costs.estimate())
         self.alpha = alpha
-        self.accept = [prior] * self.k_max      # a_i, i = 1..k_max
+        priors = PRIORS if prior is None else [prior] * len(MATCH_BUCKETS) if isinstance(prior, (int, float)) else prior
+        if len(priors) != len(MATCH_BUCKETS):
+            raise ValueError(f"prior: one value, or one per match-length bucket ({len(MATCH_BUCKETS)})")
+        self.accept_by = [[float(p)] * self.k_max for p in priors]   # a_i per bucket, i = 1..k_max
+        self._n_obs = [[0] * self.k_max for _ in priors]               # observations per bucket and i
+        self._priors = [float(p) for p in priors]
+        self._hits = [0.0] * len(priors)     # buckets >= 1: decayed hits and trials over all positions
+        self._trials = [0.0] * len(priors)
+        self._stale: set[int] = set()        # buckets >= 1 whose accept_by is to be recomputed
         self.decisions: dict[int, int] = {}     # chosen n per decode step (0: a plain step)
         self.pipelined = True                   # n = 0 steps run in pipelined plain mode
-        self._pending: list[list] = []          # [proposal, tokens matched so far]
+        self._pending: list[list] = []          # [proposal, tokens matched so far, bucket]
+
+    @property
+    def accept(self) -> list[float]:
+        """Bucket 0's ``a_i`` (a drafter without match lengths puts every proposal there)."""
+        return self.acceptance(0)
+
+    @accept.setter
+    def accept(self, values: list[float]) -> None:
+        self.accept_by[0] = list(values)
 
     def _set_costs(self, estimate) -> None:
         if estimate is None:
             return
         costs, plain_cost = estimate
-        self.costs = [max(costs[: i + 1]) for i in range(len(costs))]  # c(S) never decreases
+        self.costs = list(itertools.accumulate(costs, max))   # c(S) never decreases
         self.plain_cost = plain_cost if plain_cost is not None else self.costs[0]
 
     def observe_cost(self, S: int, seconds: float) -> None:
@@ -183,58 +263,107 @@ class DraftPolicy:
             self.step_costs.add(S, seconds)
             self._set_costs(self.step_costs.estimate())
 
-    def expected_tokens(self, n: int) -> float:
+    def acceptance(self, match_length: int = 0) -> list[float]:
+        """``a_i`` of the bucket of ``match_length``."""
+        b = match_bucket(match_length)
+        if b in self._stale:
+            self._stale.discard(b)
+            a = (PRIOR_WEIGHT * self._priors[b] + self._hits[b]) / (PRIOR_WEIGHT + self._trials[b])
+            self.accept_by[b] = [a] * self.k_max
+        return self.accept_by[b]
+
+    def expected_tokens(self, n: int, match_length: int = 0) -> float:
         """E(n): the mean number of tokens emitted by a forward that verifies n drafts."""
         total, run = 1.0, 1.0
-        for a in self.accept[:n]:
+        for a in self.acceptance(match_length)[:n]:
             run *= a
             total += run
         return total
 
-    def choose(self, n_available: int) -> int:
-        """The draft length (at most ``n_available``) with the best tokens per unit of cost."""
+    def choose(self, n_available: int, match_length: int = 0) -> int:
+        """The draft length (at most ``n_available``) with the best tokens per unit of cost, for a
+        proposal made on a suffix match of ``match_length`` tokens."""
         limit = min(n_available, self.k_max) if self.costs is not None else 0
         n = 0
         if limit > 0:
-            rates = [1 / self.plain_cost] + [self.expected_tokens(n) / self.costs[n] for n in range(1, limit + 1)]
-            n = max(range(limit + 1), key=lambda i: (rates[i], -i))
+            best, run, total, costs = 1 / self.plain_cost, 1.0, 1.0, self.costs
+            for i, a in enumerate(self.acceptance(match_length)[:limit], 1):
+                run *= a
+                total += run
+                if total / costs[i] > best:   # ties go to the shorter draft
+                    best, n = total / costs[i], i
         self.decisions[n] = self.decisions.get(n, 0) + 1
         return n
 
-    def leave_plain(self, n_available: int) -> bool:
+    def leave_plain(self, n_available: int, match_length: int = 0) -> bool:
         """Whether to stop pipelining, given a proposal of ``n_available`` tokens whose first one
         guesses the token in flight: some ``n <= n_available - 1`` has
         ``E(n + 1) - a_1 > (c(n + 1) + c(1) - c_p) / c_p``. Staying counts as a plain step."""
         limit = min(n_available - 1, self.k_max - 1) if self.costs is not None else 0
-        restart = max(self.costs[0] - self.plain_cost, 0.0) if limit > 0 else 0.0   # the pipeline's lost overlap
-        leave = any(self.expected_tokens(n + 1) - self.accept[0] > (self.costs[n] + restart) / self.plain_cost
-                    for n in range(1, limit + 1))
+        leave = False
+        if limit > 0:
+            accept = self.acceptance(match_length)
+            restart = max(self.costs[0] - self.plain_cost, 0.0)   # the pipeline's lost overlap
+            run, total = accept[0], 1.0                          # E(n + 1) - a_1 = 1 + a1 a2 + ...
+            for n in range(1, limit + 1):
+                run *= accept[n]
+                total += run
+                if total > (self.costs[n] + restart) / self.plain_cost:
+                    leave = True
+                    break
         if not leave:
             self.decisions[0] = self.decisions.get(0, 0) + 1
         return leave
 
-    def observe(self, proposal: list[int], emitted: list[int]) -> None:
-        """Record the drafter's ``proposal`` for this step, then the tokens the model emitted."""
+    def observe(self, proposal: list[int], emitted: list[int], match_length: int = 0) -> None:
+        """Record the drafter's ``proposal`` for this step (made on a match of ``match_length``),
+        then the tokens the model emitted: each open proposal's next position is a hit or a miss.
+        The work is one update per open proposal and emitted token; a proposal closes at its first
+        miss or its end, so at most k_max are open."""
         if proposal:
-            self._pending.append([list(proposal[: self.k_max]), 0])
+            b = match_bucket(match_length)
+            self._pending.append([proposal[: self.k_max], 0, b])
+            if b:   # a suffix match: the bucket's counts forget by 1 - alpha a proposal
+                self._hits[b] *= 1 - self.alpha
+                self._trials[b] *= 1 - self.alpha
+        pending, alpha, prior_w = self._pending, self.alpha, PRIOR_WEIGHT
         for t in emitted:
+            if not pending:
+                break
             still = []
-            for entry in self._pending:
-                proposal_, j = entry
+            for entry in pending:
+                proposal_, j, b = entry
                 hit = proposal_[j] == t
-                self.accept[j] += self.alpha * (float(hit) - self.accept[j])
+                if alpha > 0:   # alpha = 0: estimates frozen at the prior
+                    self._n_obs[b][j] += 1
+                    if b:
+                        self._hits[b] += hit
+                        self._trials[b] += 1
+                        self._stale.add(b)
+                    else:
+                        a = self.accept_by[0]
+                        a[j] += max(alpha, 1.0 / (self._n_obs[0][j] + prior_w)) * (hit - a[j])
                 entry[1] = j + 1
                 if hit and j + 1 < len(proposal_):
                     still.append(entry)
-            self._pending = still
+            pending = still
+        self._pending = pending
 
     def summary(self) -> dict:
         """The costs relative to c(1) (None before the first timed step), the acceptance estimates
-        and the decisions."""
+        (``accept``: bucket 0's; ``accept_by_match``: every bucket observed, by its range of L, up to
+        its last observed position) and the decisions."""
         known = self.costs is not None
+        by_match = {}
+        for b, n in enumerate(self._n_obs):
+            a = self.acceptance(MATCH_BUCKETS[b])
+            seen = max((i + 1 for i, c in enumerate(n) if c), default=0)
+            if seen:
+                by_match[BUCKET_LABELS[b]] = [round(x, 3) for x in a[:seen]]
         return {"cost_rel": [round(c / self.costs[0], 3) for c in self.costs] if known else None,
                 "plain_cost_rel": round(self.plain_cost / self.costs[0], 3) if known else None,
-                "accept": [round(a, 3) for a in self.accept],
+                "accept": [round(a, 3) for a in self.acceptance(0)],
+                "accept_by_match": by_match,
                 "decisions": dict(sorted(self.decisions.items()))}
 
 
@@ -247,13 +376,13 @@ class FixedDraftLength:
         self.k_max = k_max
         self.pipelined = k_max == 0
 
-    def choose(self, n_available: int) -> int:
+    def choose(self, n_available: int, match_length: int = 0) -> int:
         return min(n_available, self.k_max)
 
-    def leave_plain(self, n_available: int) -> bool:
+    def leave_plain(self, n_available: int, match_length: int = 0) -> bool:
         return False
 
-    def observe(self, proposal: list[int], emitted: list[int]) -> None:
+    def observe(self, proposal: list[int], emitted: list[int], match_length: int = 0) -> None:
         pass
 
     def observe_cost(self, S: int, seconds: float) -> None:
@@ -297,11 +426,23 @@ def save_costs(costs: StepCosts) -> None:
     costs.n_new = 0
 
 
+def measured_sizes(s_max: int) -> list[int]:
+    """The S that :func:`measure_verify_cost` times: every S up to 17, then 33 and 65 (and ``s_max``):
+    19 forwards a round at k = 64 instead of 65, the others interpolated (the cost is close to linear in
+    S past a few tokens).
+
+    >>> measured_sizes(9), measured_sizes(65)[-4:]
+    ([1, 2, 3, 4, 5, 6, 7, 8, 9], [16, 17, 33, 65])
+    """
+    return sorted({S for S in range(1, min(s_max, 17) + 1)} | {S for S in (33, 65) if S < s_max} | {s_max})
+
+
 def measure_verify_cost(model: nn.Module, s_max: int = DEFAULT_K_MAX + 1, *, reps: int = 3,
                         context: int = 32, gdn_path: str | None = None) -> list[float]:
     """Seconds per verify forward of S = 1..s_max tokens (fastest of ``reps`` rounds), each run
     and waited for on its own, after ``context`` cached tokens (fewer where the model's window,
-    a rotating cache's ``max_size``, is smaller: context + s_max never exceeds it). For benchmarks
+    a rotating cache's ``max_size``, is smaller: context + s_max never exceeds it); the S of
+    :func:`measured_sizes` are timed, the others interpolated linearly between them. For benchmarks
     and explicit policies (``DraftPolicy(measure_verify_cost(model))``); generation learns the costs
     from its own steps instead."""
     cache = make_prompt_cache(model)
@@ -312,18 +453,24 @@ def measure_verify_cost(model: nn.Module, s_max: int = DEFAULT_K_MAX + 1, *, rep
     model(mx.arange(context).reshape(1, -1) % 2, cache=cache)
     mx.eval([c.state for c in cache])
     verifier = VerifyCache(model, cache, gdn_path)
-    times: list[list[float]] = [[] for _ in range(s_max)]
+    sizes = measured_sizes(s_max)
+    times: dict[int, list[float]] = {S: [] for S in sizes}
     for r in range(reps + 1):              # round 0 warms up (graph building, allocation)
-        for S in range(1, s_max + 1):      # S interleaved, so a load change hits all S alike
+        for S in sizes:                    # S interleaved, so a load change hits all S alike
             tokens = mx.arange(S, dtype=mx.uint32) % 2
             t0 = time.perf_counter()
             logits = verifier.forward(tokens, record=True)
             mx.eval(logits, [c.state for c in cache])
             if r:
-                times[S - 1].append(time.perf_counter() - t0)
+                times[S].append(time.perf_counter() - t0)
             verifier.keep(0)
     verifier.close()
-    return [min(t) for t in times]
+    best = {S: min(t) for S, t in times.items()}
+    costs = []
+    for S in range(1, s_max + 1):
+        lo, hi = max(x for x in sizes if x <= S), min(x for x in sizes if x >= S)
+        costs.append(best[lo] if lo == hi else best[lo] + (best[hi] - best[lo]) * (S - lo) / (hi - lo))
+    return costs
 
 
 def _read_json(path) -> dict:

@@ -38,6 +38,7 @@ depthwise conv is computed as shifted multiply-adds (:mod:`mlx_backend.decode.co
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Callable
 
 import mlx.core as mx
@@ -55,6 +56,23 @@ except ImportError as exc:   # normalize_qk arrived in mlx-lm 0.32
 from mlx_backend.decode.conv import depthwise_conv1d
 
 GDN_PATHS = ("states", "replay")
+#: Bytes of per-token recurrent states a ``"states"`` verify forward may keep (all GDN layers together);
+#: beyond it only every c-th token's state is kept (:func:`checkpoint_interval`).
+GDN_STATE_BUDGET = 512 * 2 ** 20
+
+
+def checkpoint_interval(S: int, state_bytes: int, budget: int = GDN_STATE_BUDGET) -> int:
+    """``c``: a verify forward over S tokens keeps the recurrent states after tokens c, 2c, ... < S
+    (``(S - 1) // c`` of them, ``state_bytes`` each: every GDN layer's state together), the fewest
+    c that fits ``budget``. ``keep(m)`` then starts from the last checkpoint at or before m and
+    re-runs the recurrence over at most ``c - 1`` tokens (no weights read).
+
+    >>> checkpoint_interval(65, 48 * 3 * 2 ** 20)   # Qwen3.5-27B: 144 MiB a token, 64 * 144 MiB > 512 MiB
+    18
+    >>> checkpoint_interval(9, 4 * 2 ** 10)         # a small model: every state
+    1
+    """
+    return max(1, math.ceil((S - 1) * state_bytes / budget)) if budget > 0 else max(S, 1)
 
 
 class RollbackUnsupported(ValueError):
@@ -140,12 +158,13 @@ def _records_exactly(layer, base: type, recorder: type, dims: int) -> bool:
 class _Recording:
     """Per-token record of one GDN layer's verify forward (what :meth:`keep` needs)."""
 
-    def __init__(self, conv_input, state0, final, states=None, inputs=None):
+    def __init__(self, conv_input, state0, final, states=None, inputs=None, every=1):
         self.conv_input = conv_input   # [B, K-1+S, conv_dim]: conv window + the S new rows
         self.state0 = state0           # recurrent state before the forward
         self.final = final             # recurrent state after all S tokens
-        self.states = states           # "states" path: state after token t, t = 1..S
-        self.inputs = inputs           # "replay" path: (q, k, v, a, b) of the S tokens
+        self.states = states           # "states" path: {t: state after token t}, t = every, 2 every, ... < S
+        self.inputs = inputs           # (q, k, v, a, b) of the S tokens: "replay", or "states" with every > 1
+        self.every = every             # "states" path: the checkpoint interval c
 
     def state_after(self, m: int, layer) -> mx.array:
         S = self.conv_input.shape[1] - layer.conv_kernel_size + 1
@@ -154,7 +173,15 @@ class _Recording:
         if m == S:
             return self.final
         if self.states is not None:
-            return self.states[m - 1]
+            # the last checkpoint at or before m, then the recurrence over the rest, one token at a time
+            # as the verify forward ran it (the same ops on the same inputs: the same numbers)
+            j = m - m % self.every
+            state = self.states[j] if j else self.state0
+            for t in range(j, m):
+                q, k, v, a, b = (x[:, t:t + 1] for x in self.inputs)
+                _, state = gated_delta_update(q, k, v, a, b, layer.A_log, layer.dt_bias, state,
+                                              use_kernel=not layer.training)
+            return state
         q, k, v, a, b = (t[:, :m] for t in self.inputs)
         _, state = gated_delta_update(q, k, v, a, b, layer.A_log, layer.dt_bias, self.state0,
                                       use_kernel=not layer.training)
@@ -170,6 +197,7 @@ class _RecordingGDN:
 
     _ngram_path = None
     _ngram_record = None
+    _ngram_every = 1   # "states" path: keep the recurrent state after every c-th token (checkpoints)
 
     def __call__(self, inputs, mask=None, cache=None):
         if self._ngram_path is None:
@@ -192,15 +220,18 @@ class _RecordingGDN:
             (B, self.num_v_heads, self.head_v_dim, self.head_k_dim), mx.float32)
         use_kernel = not self.training
         if self._ngram_path == "states":
-            ys, states, state = [], [], state0
+            every = max(1, self._ngram_every or 1)
+            ys, states, state = [], {}, state0
             for t in range(S):
                 y, state = gated_delta_update(q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1],
                                               a[:, t:t + 1], b[:, t:t + 1], self.A_log,
                                               self.dt_bias, state, use_kernel=use_kernel)
                 ys.append(y)
-                states.append(state)
+                if (t + 1) % every == 0 and t + 1 < S:
+                    states[t + 1] = state   # a checkpoint; the states between are freed once computed
             out = mx.concatenate(ys, axis=1)
-            record = _Recording(conv_input, state0, state, states=states)
+            record = _Recording(conv_input, state0, state, states=states,
+                                inputs=(q, k, v, a, b) if every > 1 else None, every=every)
         else:
             out, state = gated_delta_update(q, k, v, a, b, self.A_log, self.dt_bias, state0,
                                             use_kernel=use_kernel)
@@ -359,8 +390,12 @@ class VerifyCache:
     >>> vc.close()
     """
 
-    def __init__(self, model: nn.Module, cache: list[Any], gdn_path: str | None = None):
+    def __init__(self, model: nn.Module, cache: list[Any], gdn_path: str | None = None,
+                 gdn_checkpoint_every: int | None = None):
         gdn_path = gdn_path or default_gdn_path()
+        if gdn_checkpoint_every is not None and gdn_checkpoint_every < 1:
+            raise ValueError(f"gdn_checkpoint_every must be >= 1, got {gdn_checkpoint_every}")
+        self.gdn_checkpoint_every = gdn_checkpoint_every   # None: checkpoint_interval(S, state_bytes)
         if gdn_path not in GDN_PATHS:
             raise ValueError(f"gdn_path must be one of {GDN_PATHS}, got {gdn_path!r}")
         self.model, self.cache, self.gdn_path = model, cache, gdn_path
@@ -394,6 +429,8 @@ class VerifyCache:
         self.recorded = False
         self.tokens = self.checkpoint = None
         self.n_replays = 0
+        # bytes of one recurrent state of every GDN layer together (float32 [Hv, Dv, Dk] each)
+        self.state_bytes = sum(4 * g.num_v_heads * g.head_v_dim * g.head_k_dim for g, _ in self.gdn)
 
     def forward(self, tokens, record: bool | None = None) -> mx.array:
         """Logits ``[S, vocab]`` of the model over ``tokens``, recording what :meth:`keep` needs.
@@ -404,9 +441,11 @@ class VerifyCache:
         tokens = mx.array(tokens, dtype=mx.uint32) if not isinstance(tokens, mx.array) else tokens
         S = tokens.size
         record = S > 1 if record is None else record
+        every = self.gdn_checkpoint_every or checkpoint_interval(S, self.state_bytes)
         for layer, _ in self.gdn:
             attach(layer)
             layer._ngram_path = self.gdn_path if record else None
+            layer._ngram_every = every
             layer._ngram_record = None
         for c in self.rotating:
             attach(c, _RecordingRotating)

@@ -130,7 +130,7 @@ def test_demo_speedup_only_where_drafts_ran(demo_runs, draft):
             assert r["no_drafts"] is None
             assert r["speedup"] == pytest.approx(r["spec_tok_s"] / r["plain_tok_s"], rel=0.02)
         if draft == "auto":   # the cost-aware policy's state after the second speculative run
-            assert set(r["policy"]) == {"cost_rel", "plain_cost_rel", "accept", "decisions"}
+            assert set(r["policy"]) == {"cost_rel", "plain_cost_rel", "accept", "accept_by_match", "decisions"}
         else:
             assert r["policy"] is None
 

@@ -82,15 +82,35 @@ def test_unverified_proposals_still_teach_acceptance():
        timed=st.lists(st.integers(2, 9), min_size=1, max_size=3, unique=True))
 def test_linear_costs_are_recovered_from_two_timed_sizes(c_p, c1, slope, timed):
     """Costs linear in S, c(S) = c_p (c1 + slope (S - 1)), timed at S = 1 and a few other sizes
-    (in any order, each after a plain step): the estimate is the whole line, timed or not."""
-    costs = StepCosts(9)
+    (in any order, each after a plain step): the estimate is the line up to twice the largest timed
+    size T; beyond 2 T (extrapolated far from any timing) it rises by at least PRIOR_SLOPE a token."""
+    costs = StepCosts(20)
     for S in [1, *timed]:
         costs.add(0, c_p)
         costs.add(S, c_p * (c1 + slope * (S - 1)))
     estimate, plain = costs.estimate()
     assert math.isclose(plain, c_p)
+    T = max(timed)
+    line = lambda S: c_p * (c1 + slope * (S - 1))   # noqa: E731
+    far = max(slope, draft_policy.PRIOR_SLOPE)
     for S, c in enumerate(estimate, 1):
-        assert math.isclose(c, c_p * (c1 + slope * (S - 1)), rel_tol=1e-9), (S, c)
+        want = line(S) if S <= 2 * T else line(2 * T) + c_p * far * (S - 2 * T)
+        assert math.isclose(c, want, rel_tol=1e-9), (S, c, want)
+
+
+@settings(max_examples=60, deadline=None)
+@given(c_p=st.floats(0.01, 1), flat=st.floats(1, 1.5), knee=st.integers(3, 6), steep=st.floats(0.05, 1))
+def test_extrapolation_is_conservative_for_a_rising_curve(c_p, flat, knee, steep):
+    """Flat up to a knee, then rising (a forward that turns compute-bound), timed at 1, 2, the knee and
+    a size past twice the knee (the rise shows in the upper half of the timed range): every size
+    beyond is estimated at no less than its true cost (the mean slope from S = 1 would be less)."""
+    true = lambda S: c_p * (flat + steep * max(S - knee, 0))   # noqa: E731
+    costs = StepCosts(65)
+    for S in [1, 2, knee, 2 * knee + 1]:
+        costs.add(0, c_p)
+        costs.add(S, true(S))
+    estimate, _ = costs.estimate()
+    assert all(c >= true(S) * (1 - 1e-9) for S, c in enumerate(estimate, 1) if S > 2 * knee + 1)
 
 
 @settings(max_examples=60, deadline=None)
@@ -137,7 +157,7 @@ def test_learned_costs_are_kept_for_later_runs(tmp_path, monkeypatch):
     assert learned.samples[0] and learned.n_new == 0 and 1 not in learned.samples
     stored = json.loads((tmp_path / "step-costs.json").read_text())
     assert stored[learned.key] == {str(S): v for S, v in learned.samples.items()}
-    assert learned.key == model_key(model, [9, None])
+    assert learned.key == model_key(model, [draft_policy.DEFAULT_K_MAX + 1, None])
     monkeypatch.setattr(draft_policy, "_COSTS", {})                  # a new process
     again = learned_costs(model)
     assert again is not learned and again.samples == learned.samples and again.estimate() == learned.estimate()

@@ -233,3 +233,90 @@ def test_any_model_runs_with_draft_max_zero():
                                                             draft_max=0,
                                                             prompt_cache=[Plain() for _ in model.layers])]
     assert out == plain_greedy(model, prompt, 6)[0]
+
+
+# -- long verifies: S = 65 (k = 64), GDN states checkpointed every c tokens -------------------------
+
+@settings(max_examples=25, deadline=None)
+@given(gdn_path=st.sampled_from(GDN_PATHS), every=st.sampled_from([None, 1, 2, 7, 16, 64, 65]),
+       prompt=st.lists(st.integers(0, 63), min_size=1, max_size=8), data=st.data())
+def test_keep_m_after_a_verify_of_65_equals_processing_only_m_tokens(gdn_path, every, prompt, data):
+    """S = 65 on the tiny qwen3_5 model, any checkpoint interval c (None: the memory budget's):
+    keep(m) leaves the cache of a forward over the first m tokens, for m on and between checkpoints."""
+    verify = data.draw(st.lists(st.integers(0, 63), min_size=65, max_size=65), label="verify")
+    m = data.draw(st.sampled_from([0, 1, 6, 7, 8, 15, 16, 17, 33, 63, 64, 65]), label="m")
+    model = model_of("qwen3_5")
+    cache = make_prompt_cache(model)
+    model(mx.array([prompt]), cache=cache)
+    vc = VerifyCache(model, cache, gdn_path, gdn_checkpoint_every=every)
+    logits = vc.forward(verify)
+    if gdn_path == "states":
+        rec = vc.gdn[0][0]._ngram_record
+        c = every or 1
+        assert rec.every == c and sorted(rec.states) == list(range(c, 65, c))   # checkpoints only
+    vc.keep(m)
+    ref = make_prompt_cache(model)
+    model(mx.array([prompt]), cache=ref)
+    assert mx.allclose(logits, model(mx.array([verify]), cache=ref)[0], atol=ATOL).item()
+    ref = make_prompt_cache(model)
+    model(mx.array([prompt + verify[:m]]), cache=ref)
+    assert_caches_close(cache, ref)
+    vc.close()
+
+
+def test_checkpointed_state_is_bit_identical_to_the_kept_one():
+    """The recompute from a checkpoint runs the forward's own one-token updates: the same numbers."""
+    model = model_of("qwen3_5")
+    verify = [(7 * i + 3) % 64 for i in range(65)]
+    states = {}
+    for every in (1, 16):
+        cache = make_prompt_cache(model)
+        model(mx.array([[1, 2, 3]]), cache=cache)
+        vc = VerifyCache(model, cache, "states", gdn_checkpoint_every=every)
+        vc.forward(verify)
+        vc.keep(40)
+        states[every] = [(c[0], c[1]) for c in cache if isinstance(c, ArraysCache)]
+        vc.close()
+    for (a0, a1), (b0, b1) in zip(states[1], states[16]):
+        assert mx.array_equal(a0, b0).item() and mx.array_equal(a1, b1).item()
+
+
+def test_default_checkpoint_interval_bounds_the_kept_states(monkeypatch):
+    """The budget decides c: a budget of 3 states' bytes keeps at most 3 per-token states of S = 65."""
+    from mlx_backend.decode import rollback
+
+    model = model_of("qwen3_5")
+    cache = make_prompt_cache(model)
+    vc = VerifyCache(model, cache, "states")
+    monkeypatch.setattr(rollback, "GDN_STATE_BUDGET", 3 * vc.state_bytes)
+    monkeypatch.setattr(rollback.checkpoint_interval, "__defaults__", (3 * vc.state_bytes,))
+    vc.forward(list(range(65)))
+    for layer, _ in vc.gdn:
+        assert len(layer._ngram_record.states) <= 3 and layer._ngram_record.every == 22
+    vc.keep(30)
+    vc.close()
+    assert rollback.checkpoint_interval(65, 144 * 2 ** 20, 512 * 2 ** 20) == 18
+
+
+@settings(max_examples=12, deadline=None)
+@given(gdn_path=st.sampled_from(GDN_PATHS), every=st.sampled_from([None, 5, 16]),
+       script=st.lists(st.tuples(st.integers(0, 64), st.one_of(st.none(), st.integers(0, 63))),
+                       min_size=1, max_size=4),
+       prompt=st.lists(st.integers(0, 63), min_size=1, max_size=12))
+def test_drafts_of_64_equal_plain_greedy(gdn_path, every, script, prompt):
+    """Speculative greedy with k = 64 (scripted drafts: right up to a chosen position, or all right)
+    on the tiny qwen3_5 model gives plain greedy's tokens."""
+    import mlx_backend.decode.generate as generate
+
+    model = model_of("qwen3_5")
+    max_tokens = 150
+    plain, plain_lp = plain_greedy(model, prompt, max_tokens)
+    drafter = ScriptedDrafter(plain, script)
+    original = generate.VerifyCache
+    generate.VerifyCache = lambda m, c, p: original(m, c, p, gdn_checkpoint_every=every)
+    try:
+        spec = [t for t, _, _ in ngram_speculative_generate_step(mx.array(prompt), model, max_tokens=max_tokens,
+                                                                 draft_max=64, drafter=drafter, gdn_path=gdn_path)]
+    finally:
+        generate.VerifyCache = original
+    assert_greedy_equal(plain, plain_lp, spec)
