@@ -14,6 +14,7 @@ from mlx_backend.machine.blas import add_option as add_blas_option  # stdlib onl
 from reference.atomic import check_outputs
 from reference.sampling import check_sampling
 from reference.speculative import REFERENCE_DRAFT_MAX
+from reference.suffix.auto import DEFAULT_DRAFTER, DRAFTERS
 
 GENERATE_EXAMPLES = """\
 examples:
@@ -44,8 +45,10 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "generate", formatter_class=fmt, help="generate text with n-gram self-speculative decoding",
         description="Generate a continuation of the prompt. Each step drafts up to --draft-max tokens by\n"
-                    "prompt lookup (llama.cpp's n-gram caches over the prompt and the text so far, plus the\n"
-                    "optional --static and --dynamic cache files), verifies them in one forward pass and keeps\n"
+                    "prompt lookup (--drafter lookup: llama.cpp's n-gram caches over the prompt and the text so\n"
+                    "far, plus the optional --static and --dynamic cache files; suffix: a copy of what followed\n"
+                    "the latest earlier occurrence of the text's end; auto, the default: suffix where that match\n"
+                    "is long, else lookup), verifies them in one forward pass and keeps\n"
                     "the longest prefix greedy decoding agrees with, plus one more token. Greedy output is\n"
                     "identical to plain decoding (--no-spec); only the number of forward passes changes.\n"
                     "Both backends draft and count alike (llama.cpp's lookup): no drafts for the first token,\n"
@@ -78,6 +81,10 @@ def _add_prompt_and_drafting_args(p) -> None:
                    help=f"maximum draft tokens verified per forward pass (llama.cpp's --draft-max, alias "
                         f"--n-draft; default: {REFERENCE_DRAFT_MAX}, llama.cpp's, for --backend reference; "
                         "the cost-aware choice for --backend mlx)")
+    p.add_argument("--drafter", metavar="|".join(DRAFTERS), default=None,
+                   help="what drafts: lookup (llama.cpp's n-gram caches), suffix (a copy of what followed the "
+                        "latest earlier occurrence of the text's end), auto (suffix where its match is long, else "
+                        f"lookup); default: {DEFAULT_DRAFTER}. --static and --dynamic are lookup's caches")
     p.add_argument("--no-spec", action="store_true", help="plain decoding, one forward pass per token (the baseline)")
     p.add_argument("--static", metavar="FILE", help="static n-gram cache file (from `ngram-spec create`), read only")
     p.add_argument("--dynamic", metavar="FILE",
@@ -125,11 +132,11 @@ def _add_model_and_output_args(p) -> None:
     p.add_argument("--json", action="store_true",
                    help="print one JSON record, the same keys on both backends: backend (the one that ran), model, "
                         "blas, spec, draft_max (an int: the fixed K, or the cost-aware policy's maximum), "
-                        "draft_policy (fixed, auto or none), prompt_tokens, tokens (generated ids, prompt and a "
-                        "final EOS excluded), text, finish_reason (stop: EOS, length: --max-tokens), steps (forward "
-                        "passes that emitted tokens), n_forward (steps and the prompt's prefill passes), n_drafted, "
-                        "n_accept, accept, tokens_per_forward (tokens, EOS included, per step), prompt_tps, "
-                        "generation_tps")
+                        "draft_policy (fixed, auto or none), drafter (lookup, suffix or auto; none with --no-spec), "
+                        "prompt_tokens, tokens (generated ids, prompt and a final EOS excluded), text, finish_reason "
+                        "(stop: EOS, length: --max-tokens), steps (forward passes that emitted tokens), n_forward "
+                        "(steps and the prompt's prefill passes), n_drafted, n_accept, accept, tokens_per_forward "
+                        "(tokens, EOS included, per step), prompt_tps, generation_tps")
 
 
 def check_generate_args(args) -> None:
@@ -141,9 +148,15 @@ def check_generate_args(args) -> None:
     for flag, value, ok, rule in rules:
         if not ok:
             raise UserError(f"{flag} must be {rule}, got {value}")
+    if args.drafter is not None and args.drafter not in DRAFTERS:
+        raise UserError(f"--drafter must be one of {', '.join(DRAFTERS)}, got {args.drafter!r}")
+    if args.drafter == "suffix" and (args.static or args.dynamic):
+        raise UserError("--static and --dynamic are the lookup drafter's caches, unused by --drafter suffix: "
+                        "drop them, or use --drafter lookup or auto")
     if args.no_spec:
         drafting = [flag for flag, value in (("--draft-max", args.draft_max), ("--static", args.static),
-                                             ("--dynamic", args.dynamic)) if value is not None]
+                                             ("--dynamic", args.dynamic), ("--drafter", args.drafter))
+                    if value is not None]
         if drafting:
             raise UserError(f"--no-spec decodes without drafts, so {' and '.join(drafting)} would be ignored: "
                             f"drop {'it' if len(drafting) == 1 else 'them'}, or drop --no-spec")

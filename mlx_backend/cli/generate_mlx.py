@@ -10,7 +10,7 @@ import threading
 import mlx.core as mx
 
 from mlx_backend.cli.demo import describe_costs
-from mlx_backend.cli.generate_record import generation_record
+from mlx_backend.cli.generate_record import drafter_name, generation_record, lookup_part
 from mlx_backend.cli.prompts import prompt_tokens
 from mlx_backend.machine.blas import blas_in_use, ensure_fast_blas
 from mlx_backend.models.loading import load_model
@@ -19,11 +19,11 @@ from mlx_backend.models.loading import load_model
 PREFILL_STEP_SIZE = 2048  # prompt tokens per prefill forward, both modes (mlx_lm.generate's default)
 
 
-def _warm_drafter() -> None:
-    """Import the n-gram drafter and run it once, so that its compiled loops are loaded."""
-    from mlx_backend.ngram.default import default_drafter
+def _warm_drafter(name: str) -> None:
+    """Import the drafter ``name`` and run it once, so that its compiled loops are loaded."""
+    from mlx_backend.ngram.default import make_drafter
 
-    drafter = default_drafter()
+    drafter = make_drafter(name)
     drafter.reset([0, 1, 0, 1])
     drafter.draft(2)
 
@@ -65,7 +65,7 @@ def run_generate(args) -> int:
     run.check()
     run.close()
     if drafter is not None and args.dynamic and run.rank == 0:
-        save_dynamic(args.dynamic, c_dyn, drafter.c_ctx)
+        save_dynamic(args.dynamic, c_dyn, lookup_part(drafter).c_ctx)
         print(f"saved the dynamic cache to {args.dynamic}", file=sys.stderr)
     if not args.no_spec and args.draft_max is None:
         print(describe_costs(model, "[generate] draft length: cost-aware; "), file=sys.stderr)
@@ -75,12 +75,14 @@ def run_generate(args) -> int:
                          else (args.draft_max, "fixed"))
     record = generation_record(
         backend="mlx", model=desc, blas=blas_in_use(), spec=not args.no_spec, draft_max=draft_max,
-        draft_policy=policy, prompt=prompt, tokens=tokens, text="".join(text), finish_reason=last.finish_reason,
+        draft_policy=policy, drafter="none" if args.no_spec else drafter_name(args), prompt=prompt, tokens=tokens,
+        text="".join(text), finish_reason=last.finish_reason,
         stats=stats, n_emitted=n_emitted, prompt_tps=last.prompt_tps, generation_tps=last.generation_tps)
     if args.json:
         print(json.dumps(record))
     else:
-        _print_summary(args, record, prompt, tokens, stats, f"draft max {draft_max} ({policy})", desc)
+        _print_summary(args, record, prompt, tokens, stats,
+                       f"draft max {draft_max} ({policy}), drafter {record['drafter']}", desc)
     return 0
 
 
@@ -115,8 +117,8 @@ def _load(args):
         raise ValueError("--dtype float64 is for --backend reference; mlx takes quantized, float32, float16, bfloat16")
     if args.seed is not None:
         mx.random.seed(args.seed)
-    if not args.no_spec and (args.static or args.dynamic):   # the tables' compiled loops load with the model
-        threading.Thread(target=_warm_drafter, daemon=True).start()
+    if not args.no_spec and (args.static or args.dynamic or drafter_name(args) != "lookup"):
+        threading.Thread(target=_warm_drafter, args=(drafter_name(args),), daemon=True).start()   # with the model
     run = LocalRun()
     if getattr(args, "shard", None):   # under mlx.launch: see mlx_backend/distributed/sharded.py
         from mlx_backend.distributed.sharded import cli_run
@@ -158,7 +160,7 @@ def _responses(args, model, tokenizer, prompt, run):
     from mlx_lm.sample_utils import make_sampler
 
     from mlx_backend.decode.generate import SpecStats, stream_generate
-    from mlx_backend.ngram.default import default_drafter
+    from mlx_backend.ngram.default import default_drafter, make_drafter
     from mlx_backend.ngram.dynamic_cache import load_dynamic
     from reference.ngram.ours_file import check_file_tokenizer
 
@@ -170,7 +172,11 @@ def _responses(args, model, tokenizer, prompt, run):
         return plain_stream_generate(model, tokenizer, mx.array(prompt), **common), stats, None, None
     check_file_tokenizer(tokenizer, args.static, args.dynamic)
     c_dyn = load_dynamic(args.dynamic) if args.dynamic else None
-    drafter = default_drafter(c_st=args.static, c_dyn=c_dyn) if args.static or args.dynamic else context_drafter()
+    name = drafter_name(args)
+    if name != "lookup":
+        drafter = make_drafter(name, c_st=args.static, c_dyn=c_dyn)
+    else:   # llama.cpp's lookup, as before the other drafters existed
+        drafter = default_drafter(c_st=args.static, c_dyn=c_dyn) if args.static or args.dynamic else context_drafter()
     spec = run.spec_kwargs(model, sampler=sampler, draft_max=args.draft_max, drafter=drafter,
                              c_st=args.static, c_dyn=args.dynamic)
     responses = stream_generate(tokenizer=tokenizer, prompt=mx.array(prompt), stats=stats, **{**common, **spec})

@@ -1,18 +1,22 @@
-"""What ``generate`` reports on both backends: the ``--json`` record (one set of keys), and the
-reference's dynamic cache saved atomically."""
+"""What ``generate`` reports on both backends: the ``--json`` record (one set of keys), the drafter that
+ran, and the reference's dynamic cache saved atomically."""
 from __future__ import annotations
 
 import sys
 
+from reference.suffix.auto import DEFAULT_DRAFTER
+
 
 def generation_record(*, backend: str, model: str, blas: str, spec: bool, draft_max: int, draft_policy: str,
-                      prompt: list[int], tokens: list[int], text, finish_reason: str, stats, n_emitted: int,
-                      prompt_tps: float, generation_tps: float) -> dict:
+                      drafter: str, prompt: list[int], tokens: list[int], text, finish_reason: str, stats,
+                      n_emitted: int, prompt_tps: float, generation_tps: float) -> dict:
     """``generate --json``'s record, one set of keys for both backends (``stats``: either SpecStats).
 
-    ``n_emitted`` counts the generated tokens with a final EOS; ``tokens_per_forward`` is it per step."""
+    ``drafter`` names the drafter that ran (lookup, suffix, auto; none when plain). ``n_emitted`` counts the
+    generated tokens with a final EOS; ``tokens_per_forward`` is it per step."""
     return {"backend": backend, "model": model, "blas": blas, "spec": spec, "draft_max": draft_max,
-            "draft_policy": draft_policy, "prompt_tokens": len(prompt), "tokens": tokens, "text": text,
+            "draft_policy": draft_policy, "drafter": drafter, "prompt_tokens": len(prompt), "tokens": tokens,
+            "text": text,
             "finish_reason": finish_reason, "steps": stats.steps, "n_forward": stats.n_forward,
             "n_drafted": stats.n_drafted, "n_accept": stats.n_accept, "accept": round(stats.accept, 2),
             "tokens_per_forward": round(n_emitted / stats.steps, 4), "prompt_tps": round(prompt_tps, 2),
@@ -25,3 +29,14 @@ def save_dynamic(cache, path: str) -> None:
 
     save_cache(cache, path)
     print(f"saved the dynamic cache to {path}", file=sys.stderr)
+
+
+def drafter_name(args) -> str:
+    """The drafter --drafter names (default: :data:`reference.suffix.auto.DEFAULT_DRAFTER`)."""
+    return args.drafter or DEFAULT_DRAFTER
+
+
+def lookup_part(drafter):
+    """The llama.cpp lookup drafter inside ``drafter`` (itself, or an auto drafter's ``lookup``): its
+    context cache ``c_ctx`` is what --dynamic learns. None for a suffix drafter."""
+    return drafter if hasattr(drafter, "c_ctx") else getattr(drafter, "lookup", None)

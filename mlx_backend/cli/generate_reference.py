@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from mlx_backend.cli import UserError
-from mlx_backend.cli.generate_record import generation_record, save_dynamic
+from mlx_backend.cli.generate_record import drafter_name, generation_record, lookup_part, save_dynamic
 from mlx_backend.cli.prompts import chat_messages
 from reference.ngram.ours_file import check_file_tokenizer
 from reference.speculative import REFERENCE_DRAFT_MAX
@@ -117,7 +117,7 @@ def run_reference(args) -> int:
                                                  on_tokens=progress)
         t_end = time.perf_counter()
     if not args.no_spec and args.dynamic:
-        save_dynamic(c_dyn.merge(drafter.c_ctx), args.dynamic)
+        save_dynamic(c_dyn.merge(lookup_part(drafter).c_ctx), args.dynamic)
 
     finish_reason = "stop" if tokens[-1] in eos else "length"
     n_emitted = len(tokens)
@@ -127,6 +127,7 @@ def run_reference(args) -> int:
     record = generation_record(
         backend="reference", model=str(model_dir), blas=numpy_blas(), spec=not args.no_spec,
         draft_max=0 if args.no_spec else draft_max, draft_policy="none" if args.no_spec else "fixed",
+        drafter="none" if args.no_spec else drafter_name(args),
         prompt=prompt, tokens=tokens, text=text, finish_reason=finish_reason, stats=stats, n_emitted=n_emitted,
         prompt_tps=len(prompt) / (t_first[0] - t0), generation_tps=n_emitted / max(t_end - t_first[0], 1e-9))
     if args.json:
@@ -143,7 +144,7 @@ def run_reference(args) -> int:
           f"({record['tokens_per_forward']:.2f} tokens per step)")
     if not args.no_spec:
         print(f"drafted: {stats.n_drafted}, accepted: {stats.n_accept} ({stats.accept:.1f}%), "
-              f"draft max {draft_max}")
+              f"draft max {draft_max}, drafter {drafter_name(args)}")
     print(f"backend: reference, model: {model_dir}")
     return 0
 
@@ -160,13 +161,14 @@ def numpy_blas() -> str:
 
 
 def make_drafter(args):
-    """The n-gram drafter with the --static cache and the --dynamic cache (empty when the file is new)."""
+    """The drafter --drafter names (:func:`reference.suffix.auto.make_drafter`) with the --static cache and
+    the --dynamic cache (empty when the file is new), and that dynamic cache."""
     from reference.ngram.cache_file import load_cache
-    from reference.ngram.drafter import NgramDrafter
     from reference.ngram.cache import NgramCache
+    from reference.suffix.auto import make_drafter as make_named
 
     c_st = load_cache(args.static) if args.static else None
     c_dyn = None
     if args.dynamic:
         c_dyn = load_cache(args.dynamic) if Path(args.dynamic).exists() else NgramCache()
-    return NgramDrafter(c_st=c_st, c_dyn=c_dyn), c_dyn
+    return make_named(drafter_name(args), c_st=c_st, c_dyn=c_dyn), c_dyn

@@ -15,6 +15,8 @@ import sys
 import mlx.core  # noqa: F401  (without mlx or mlx-lm, mlx_backend.cli lists `serve` with the install hint)
 
 from mlx_backend.machine.blas import add_option as add_blas_option
+from reference.suffix.auto import DEFAULT_DRAFTER, DRAFTERS
+from reference.suffix.drafter import HISTORY_MAX_TOKENS
 
 if importlib.util.find_spec("mlx_lm") is None:
     raise ModuleNotFoundError("No module named 'mlx_lm'", name="mlx_lm")
@@ -38,6 +40,10 @@ def check_args(args) -> None:
         raise ValueError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     if args.draft_max is not None and args.draft_max < 0:
         raise ValueError(f"--draft-max must be >= 0 (0: plain decoding), got {args.draft_max}")
+    if args.drafter not in DRAFTERS:
+        raise ValueError(f"--drafter must be one of {', '.join(DRAFTERS)}, got {args.drafter!r}")
+    if args.history_max_tokens < 0:
+        raise ValueError(f"--history-max-tokens must be >= 0 (0: no history), got {args.history_max_tokens}")
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
 
@@ -64,9 +70,11 @@ def register(subparsers) -> None:
             "Serve a model over HTTP with mlx-lm's own OpenAI-compatible server (/v1/chat/completions,\n"
             "/v1/completions, streaming, chat templates, tool calls, prompt-cache reuse), generating with n-gram\n"
             "speculation. Greedy output is plain greedy output, token for token. Per request: \"speculative\":\n"
-            "false, \"draft_max\" (alias \"n_draft\"), \"user\" (dynamic-cache scope). Speculation metrics in\n"
-            "every response (usage.completion_tokens_details, timings); totals at GET /v1/stats.\n\n"
+            "false, \"draft_max\" (alias \"n_draft\"), \"drafter\" (lookup, suffix, auto), \"user\" (scope of the\n"
+            "dynamic cache and the suffix history). Speculation metrics in every response\n"
+            "(usage.completion_tokens_details, timings); totals at GET /v1/stats.\n\n"
             "examples:\n  ngram-spec serve\n  ngram-spec serve --port 8081 --dynamic dyn.ngram\n"
+            "  ngram-spec serve --drafter suffix --history-max-tokens 200000\n"
             "  curl localhost:8080/v1/chat/completions -H 'Content-Type: application/json' \\\n"
             "    -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Repeat: a b c a b c\"}]}'"),
     )
@@ -80,6 +88,15 @@ def register(subparsers) -> None:
     p.add_argument("--port", type=int, default=8080, help="port to listen on (default: %(default)s)")
     p.add_argument("--draft-max", type=int, default=None, metavar="K",
                    help="drafts per step by default (0: plain decoding; default: the cost-aware choice)")
+    p.add_argument("--drafter", metavar="|".join(DRAFTERS), default=DEFAULT_DRAFTER,
+                   help="the drafter of requests that name none (field \"drafter\"): lookup (llama.cpp's n-gram "
+                        "caches: context, --dynamic, --static), suffix (a copy of what followed the latest earlier "
+                        "occurrence of the text's end, in the request or in earlier requests' prompts and answers), "
+                        "auto (suffix where its match is long, else lookup) (default: %(default)s)")
+    p.add_argument("--history-max-tokens", type=int, default=HISTORY_MAX_TOKENS, metavar="N",
+                   help="earlier requests' prompts and answers kept for the suffix and auto drafters, in tokens, "
+                        "oldest dropped first, scoped like the dynamic cache (--dynamic-scope), in memory only; "
+                        "0: none (default: %(default)s)")
     p.add_argument("--no-spec", action="store_true", help="serve plainly (mlx-lm's own generation) by default")
     p.add_argument("--static", metavar="FILE", help="a static n-gram cache (ngram-spec create), read only")
     p.add_argument("--dynamic", metavar="PATH",
@@ -87,8 +104,8 @@ def register(subparsers) -> None:
                         "loaded at start, saved atomically every --save-every requests and on shutdown "
                         "(default: learned in memory only)")
     p.add_argument("--dynamic-scope", choices=("server", "user"), default="server",
-                   help="one dynamic cache for all requests, or one per request `user` field so one user's text "
-                        "is never drafted into another's answer (default: %(default)s)")
+                   help="one dynamic cache (and suffix history) for all requests, or one per request `user` field "
+                        "so one user's text is never drafted into another's answer (default: %(default)s)")
     p.add_argument("--save-every", type=int, default=20, metavar="N",
                    help="save the dynamic cache every N completed requests (default: %(default)s)")
     p.add_argument("--ctx-size", type=int, default=None, metavar="N",

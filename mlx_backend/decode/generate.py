@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generator, Optional
+from typing import Any, Callable, Generator, Optional, Union
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -22,8 +22,8 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_backend.decode.draft_policy import DEFAULT_K_MAX, DraftPolicy, FixedDraftLength, learned_costs, save_costs
 from mlx_backend.decode.rollback import VerifyCache
 from mlx_backend.decode.sampling import greedy, verify_drafts
-from mlx_backend.ngram.default import default_drafter
 from reference.drafter import Drafter
+from reference.suffix.auto import DEFAULT_DRAFTER, DRAFTERS
 from reference.speculative import in_vocab
 
 
@@ -89,6 +89,20 @@ def check_prompt(prompt_ids: list[int], model: nn.Module) -> None:
                              f"{n_vocab} tokens (ids 0..{n_vocab - 1}): was the prompt made with another tokenizer?")
 
 
+def run_drafter(drafter, draft_max, *, c_st=None, c_dyn=None, history=None):
+    """The run's drafter: ``drafter`` itself if it is one, else the drafter it names (None: ``"auto"``) from
+    :func:`mlx_backend.ngram.default.make_drafter` (None with ``draft_max=0``: nothing to draft). An unknown
+    name is a ``ValueError`` naming the choices."""
+    if drafter is not None and not isinstance(drafter, str):
+        return drafter
+    from mlx_backend.ngram.default import make_drafter   # its tables' compiled loops load only when used
+
+    name = DEFAULT_DRAFTER if drafter is None else drafter
+    if name not in DRAFTERS:
+        raise ValueError(f"unknown drafter {name!r}: choose one of {', '.join(DRAFTERS)}")
+    return None if draft_max == 0 else make_drafter(name, c_st=c_st, c_dyn=c_dyn, history=history)
+
+
 class _Run:
     """The state of one speculative run: the cache and its verifier, the drafter, the draft-length policy,
     the tokens so far (``history``; its last one is the next step's input) and the counters.
@@ -97,8 +111,10 @@ class _Run:
     step) is not drafted for, later steps draft at most ``max_tokens - emitted - 1``, and a step counts
     (``stats``) and teaches the drafter all its tokens, even past an EOS the consumer stops at."""
 
+    match = 0   # the drafter's match length for the last proposal (propose)
+
     def __init__(self, prompt, model, *, max_tokens, sampler, logits_processors, prompt_cache, prefill_step_size,
-                 draft_max, drafter, c_st, c_dyn, stats, draft_policy, gdn_path):
+                 draft_max, drafter, c_st, c_dyn, stats, draft_policy, gdn_path, suffix_history=None):
         self.prompt = [int(t) for t in (prompt.tolist() if isinstance(prompt, mx.array) else prompt)]
         check_prompt(self.prompt, model)
         if draft_max is not None and draft_max < 0:
@@ -111,7 +127,7 @@ class _Run:
         self.stats = stats if stats is not None else SpecStats()
         self.cache = prompt_cache if prompt_cache is not None else make_prompt_cache(model)
         self.verifier = VerifyCache(model, self.cache, gdn_path) if draft_max != 0 else None
-        self.drafter = default_drafter(c_st, c_dyn) if drafter is None and draft_max != 0 else drafter
+        self.drafter = run_drafter(drafter, draft_max, c_st=c_st, c_dyn=c_dyn, history=suffix_history)
         self.learned = None   # the step costs this run learns from its own timed steps, kept for later runs
         if draft_max is not None:
             self.policy = FixedDraftLength(draft_max)
@@ -152,6 +168,8 @@ class _Run:
         t0 = time.perf_counter()
         proposal = (in_vocab([int(t) for t in self.drafter.draft(n)[:n]], self.n_vocab)
                     if self.drafter is not None and n > 0 else [])
+        # the suffix match it was drafted on (0: none, or a drafter without one): the policy's acceptance key
+        self.match = (getattr(self.drafter, "match_length", 0) or 0) if proposal else 0
         self.stats.t_draft += time.perf_counter() - t0
         return proposal
 
@@ -163,7 +181,7 @@ class _Run:
     def learn(self, proposal: list[int], emitted: list[int]) -> None:
         """One step done: the policy, the drafter and the history learn its tokens; the step is counted."""
         t0 = time.perf_counter()
-        self.policy.observe(proposal, emitted)
+        self.policy.observe(proposal, emitted, self.match)
         if self.drafter is not None:
             self.drafter.extend(emitted)
         self.history.extend(emitted)
@@ -173,7 +191,6 @@ class _Run:
         stats.n_forward += 1
         stats.n_proposed += len(proposal)
         stats.n_tokens += len(emitted)
-        stats.policy = self.policy.summary()
         stats.t_total = time.perf_counter() - self.t_start
 
     def count_verify(self, k: int, n_accept: int, seconds: float) -> None:
@@ -204,16 +221,19 @@ class _Run:
         plain mode leaves the last yielded token in the cache too, as with ``generate_step``."""
         stats, policy = self.stats, self.policy
         stats.enter_plain += 1
-        t_last = None   # c_p is timed token to token; the run's first step also pays for what came before
+        t_last = None
         token, logprobs = self.plain_step(mx.array(self.history[-1:], mx.uint32), self.history[:-1])
         while True:
             # `token` (the n_out + 1-th) is in flight; proposal[0] is the drafter's guess of it
             at_end = 0 <= self.max_tokens <= self.n_out + 1
-            leave = at_end or policy.leave_plain(len(proposal))
+            leave = at_end or policy.leave_plain(len(proposal), self.match)
             if not leave:
                 next_token, next_logprobs = self.plain_step(token, self.history)
             t = token.item()
-            if t_last is not None:
+            # c_p is timed token to token, not for the run's first token (it also pays for what came before)
+            # nor its last (launched a whole step before it is waited for, with no next step built in
+            # between: measured at 0.1-0.2 of a step, which made verify steps look 5-10x dearer)
+            if t_last is not None and not leave:
                 policy.observe_cost(0, time.perf_counter() - t_last)
             t_last = time.perf_counter()
             stats.plain_steps += 1
@@ -230,6 +250,7 @@ class _Run:
 
     def close(self) -> None:
         self.stats.t_total = time.perf_counter() - self.t_start
+        self.stats.policy = self.policy.summary()   # at the end: ~0.2 ms a step if done every step (k = 64)
         if self.verifier is not None:
             self.verifier.close()
         if self.learned is not None:
@@ -246,9 +267,8 @@ def ngram_speculative_generate_step(
     prompt_cache: Optional[list[Any]] = None,
     prefill_step_size: int = 2048,   # mlx-lm generate_step's: prompt chunks matter once a window wraps
     draft_max: Optional[int] = None,
-    drafter: Optional[Drafter] = None,
-    c_st=None,
-    c_dyn=None,
+    drafter: Union[Drafter, str, None] = None,
+    c_st=None, c_dyn=None, history=None,   # the caches of a drafter given by name (run_drafter)
     stats: Optional[SpecStats] = None,
     draft_policy: Optional[DraftPolicy] = None,
     gdn_path: Optional[str] = None,
@@ -256,24 +276,25 @@ def ngram_speculative_generate_step(
     """Yield ``(token, logprobs, from_draft)`` like ``mlx_lm.generate.speculative_generate_step``.
 
     ``draft_max``: drafts per step (``0``: plain decoding, any model; ``None``: the cost-aware policy
-    of :mod:`mlx_backend.decode.draft_policy`, up to ``DEFAULT_K_MAX``). ``drafter``: a
-    :class:`reference.drafter.Drafter`, by default :func:`default_drafter` over ``c_st`` / ``c_dyn``
-    (caches or cache file paths). ``prompt_cache`` is updated in place; once the generator is exhausted
-    it holds every token but the last. ``gdn_path`` forces a rollback path (:mod:`mlx_backend.decode.rollback`).
-    A prompt id outside the model's vocabulary is a ``ValueError`` at the first ``next``; drafts are cut
-    before any such id. Drafting and counting follow :mod:`reference.speculative` (see :class:`_Run`), so
-    both backends give the same tokens, ``n_drafted`` and ``n_accept``; plain mode: :meth:`_Run.plain_mode`.
+    of :mod:`mlx_backend.decode.draft_policy`, up to ``DEFAULT_K_MAX``). ``drafter``: a Drafter, or a name
+    (lookup, suffix, auto: :func:`run_drafter` over ``c_st`` / ``c_dyn`` / ``history``). ``prompt_cache`` is
+    updated in place; once exhausted it holds every token but the last. ``gdn_path`` forces a rollback path
+    (:mod:`mlx_backend.decode.rollback`). A prompt id outside the model's vocabulary is a ``ValueError`` at
+    the first ``next``; drafts are cut before any such id. Drafting and counting follow
+    :mod:`reference.speculative` (see :class:`_Run`), so both backends give the same tokens, ``n_drafted``
+    and ``n_accept``; plain mode: :meth:`_Run.plain_mode`.
     """
     run = _Run(prompt, model, max_tokens=max_tokens, sampler=sampler, logits_processors=logits_processors,
                prompt_cache=prompt_cache, prefill_step_size=prefill_step_size, draft_max=draft_max, drafter=drafter,
-               c_st=c_st, c_dyn=c_dyn, stats=stats, draft_policy=draft_policy, gdn_path=gdn_path)
+               c_st=c_st, c_dyn=c_dyn, suffix_history=history, stats=stats, draft_policy=draft_policy,
+               gdn_path=gdn_path)
     try:
         with mx.stream(generation_stream):
             run.prefill()
             while run.more():   # the cache holds every token before run.history[-1]
                 # draft: up to room() tokens the drafter predicts after the history
                 proposal = run.propose(run.room(run.n_out))
-                k = run.policy.choose(len(proposal))
+                k = run.policy.choose(len(proposal), run.match)
                 if k == 0 and run.policy.pipelined:
                     yield from run.plain_mode(proposal)
                     continue

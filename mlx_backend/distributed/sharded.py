@@ -54,8 +54,7 @@ from mlx_lm.generate import generation_stream
 
 from reference.drafter import Drafter
 from mlx_backend.decode.draft_policy import DEFAULT_K_MAX, DraftPolicy, measure_verify_cost
-from mlx_backend.decode.generate import SpecStats, ngram_speculative_generate_step
-from mlx_backend.ngram.default import default_drafter
+from mlx_backend.decode.generate import SpecStats, ngram_speculative_generate_step, run_drafter
 from mlx_backend.decode.sampling import greedy
 
 SHARD_MODES = ("tensor", "pipeline")
@@ -338,9 +337,10 @@ class ShardedRun:
         self.watchdog.beat()
         check_same("the n-gram cache files (--static / --dynamic): give every rank the same files", files,
                    self.group)
-        check_same("the draft settings", [draft_max, gdn_path, type(drafter).__name__], self.group)
-        if draft_max != 0 and drafter is None:
-            drafter = default_drafter(c_st, c_dyn)
+        check_same("the draft settings", [draft_max, gdn_path, drafter if isinstance(drafter, str) else
+                                          type(drafter).__name__], self.group)
+        if draft_max != 0 and (drafter is None or isinstance(drafter, str)):   # a name: lookup, suffix, auto
+            drafter = run_drafter(drafter, draft_max, c_st=c_st, c_dyn=c_dyn)
         if draft_max is None and draft_policy is None:
             draft_policy = self.policy(model, gdn_path)
         return dict(model=_Beating(model, self.watchdog), sampler=Rank0Tokens(sampler, self.group),

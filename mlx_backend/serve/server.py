@@ -18,7 +18,8 @@ queue, stop sequences, the LRU of prompt caches) and its ``_run_http_server``. T
 
 Per request (JSON body): ``"speculative": false`` (mlx-lm's own plain generation), ``"draft_max"`` /
 ``"n_draft"`` / ``"num_draft_tokens"`` (drafts per step; ``0`` = plain, ``null`` = the cost-aware policy),
-``"user"`` (scope of the dynamic cache with ``--dynamic-scope user``). Every response carries
+``"drafter"`` (``lookup``, ``suffix`` or ``auto``; default ``--drafter``), ``"user"`` (scope of the dynamic cache
+and the suffix history with ``--dynamic-scope user``). Every response carries
 ``usage.completion_tokens_details.accepted_prediction_tokens`` / ``rejected_prediction_tokens`` and a
 ``timings`` object with llama.cpp's names (``draft_n``, ``draft_n_accepted``, ...); ``GET /v1/stats`` has
 the totals. A request's error is that request's; a failure of the generation worker is logged with its
@@ -55,7 +56,9 @@ from reference.drafter import Drafter
 from mlx_backend.ngram.api import HashTable, as_table, load_cache
 from mlx_backend.ngram.dynamic_cache import load_dynamic, save_dynamic
 from mlx_backend.decode.generate import SpecStats, stream_generate as spec_stream_generate
-from mlx_backend.ngram.default import default_drafter
+from mlx_backend.ngram.default import default_drafter, make_drafter, suffix_api
+from reference.suffix.auto import DEFAULT_DRAFTER, DRAFTERS
+from reference.suffix.drafter import HISTORY_MAX_TOKENS
 
 log = logging.getLogger("ngram_spec.server")
 
@@ -67,7 +70,7 @@ MLX_LM_FIELDS = frozenset((
     "presence_penalty", "presence_context_size", "frequency_penalty", "frequency_context_size", "xtc_probability",
     "xtc_threshold", "logit_bias", "logprobs", "top_logprobs", "seed", "chat_template_kwargs", "stop", "messages",
     "tools", "role_mapping", "prompt"))
-SPEC_FIELDS = frozenset(("speculative", "draft_max", "n_draft"))
+SPEC_FIELDS = frozenset(("speculative", "draft_max", "n_draft", "drafter"))
 OPENAI_FIELDS = frozenset(("user", "n", "tool_choice", "parallel_tool_calls"))
 
 
@@ -102,6 +105,8 @@ class RequestSpec:
     speculative: bool
     draft_max: Optional[int]
     user: Optional[str]
+    drafter: Optional[str] = None  # lookup, suffix or auto (None: the server's --drafter)
+    seeded: bool = False  # sampled with a seed: drafted from its own text only, so the seed reproduces it
     stats: SpecStats = dataclasses.field(default_factory=SpecStats)
     prompt_tokens: int = 0
     cached_tokens: int = 0
@@ -123,6 +128,7 @@ class RequestSpec:
             "decode_forwards": s.steps, "tokens_per_forward": s.tokens_per_forward,
             "speculative": self.speculative,
             "draft_max": 0 if not self.speculative else "auto" if self.draft_max is None else self.draft_max,
+            "drafter": self.drafter if self.speculative and self.draft_max != 0 else "none",
         }
 
     def prediction_details(self) -> dict:
@@ -144,16 +150,26 @@ class _EosCutDrafter:
     ``ngram_speculative_generate_step`` resets the drafter with the uncached rest of the prompt; the
     n-gram context cache must count the whole conversation, so ``prefix`` is prepended. Tokens after an
     EOS are never shown to the client, so drafting them would only leave unwanted rows in the cache.
+    Wraps any :class:`reference.drafter.Drafter` (lookup, suffix, auto); :attr:`tokens` is what it was
+    shown, :attr:`match_length` the inner drafter's (0 if it has none), which the draft policy reads.
     """
 
     def __init__(self, inner: Drafter, prefix: list[int], eos: set[int]):
         self.inner, self.prefix, self.eos = inner, prefix, eos
+        self.tokens: list[int] = list(prefix)
 
     def reset(self, prompt) -> None:
-        self.inner.reset(self.prefix + [int(t) for t in prompt])
+        self.tokens = self.prefix + [int(t) for t in prompt]
+        self.inner.reset(list(self.tokens))
 
     def extend(self, tokens) -> None:
+        tokens = [int(t) for t in tokens]
+        self.tokens.extend(tokens)
         self.inner.extend(tokens)
+
+    @property
+    def match_length(self) -> int:
+        return getattr(self.inner, "match_length", 0)
 
     def draft(self, n: int) -> list[int]:
         proposal = self.inner.draft(n)
@@ -162,9 +178,16 @@ class _EosCutDrafter:
                 return proposal[:i + 1]
         return proposal
 
-    @property
-    def tokens(self):
-        return self.inner.tokens
+
+def check_drafter(name, what: str = "drafter") -> None:
+    """Refuse a drafter name that is not one of :data:`reference.suffix.auto.DRAFTERS` (ValueError naming them)."""
+    if name not in DRAFTERS:
+        raise ValueError(f"{what} must be one of {', '.join(DRAFTERS)}, got {name!r}")
+
+
+def _scope_name(key: Optional[str]) -> str:
+    """A scope as /v1/stats names it: ``server``, or ``user`` and a hash of the user's name."""
+    return "server" if key is None else f"user {hashlib.sha256(key.encode()).hexdigest()[:8]}"
 
 
 def _scope_file(directory: Path, user: str) -> Path:
@@ -180,16 +203,24 @@ class NgramSpeculator:
     server (``scope="server"``, file ``dynamic``) or one per request ``user`` (``scope="user"``, files
     under the directory ``dynamic``; requests without ``user`` then neither use nor feed one). Saved
     atomically (:func:`mlx_backend.ngram.dynamic_cache.save_dynamic`) every ``save_every`` completed requests
-    and on shutdown.
+    and on shutdown. Suffix histories (``SuffixHistory``, in memory, at most ``history_max_tokens`` tokens
+    each; 0: none) hold each completed request's prompt followed by its output, scoped like ``c_dyn``, for
+    the ``suffix`` and ``auto`` drafters. ``drafter``: the drafter requests get unless they name one.
     """
 
     def __init__(self, *, draft_max: Optional[int] = None, speculative: bool = True, static=None,
-                 dynamic: Optional[str] = None, scope: str = "server", save_every: int = 20):
+                 dynamic: Optional[str] = None, scope: str = "server", save_every: int = 20,
+                 drafter: str = DEFAULT_DRAFTER, history_max_tokens: int = HISTORY_MAX_TOKENS):
         if scope not in ("server", "user"):
             raise ValueError(f"--dynamic-scope must be server or user, got {scope!r}")
         if save_every < 1:
             raise ValueError(f"--save-every must be at least 1, got {save_every}")
+        check_drafter(drafter, "--drafter")
+        if history_max_tokens < 0:
+            raise ValueError(f"--history-max-tokens must be >= 0 (0: no history), got {history_max_tokens}")
         self.draft_max, self.speculative, self.scope, self.save_every = draft_max, speculative, scope, save_every
+        self.drafter_name, self.history_max_tokens = drafter, history_max_tokens
+        self.histories: dict[Optional[str], Any] = {}
         self.c_st = None if static is None else load_cache(static)
         self.path = None if dynamic is None else Path(dynamic)
         self.c_dyn: dict[Optional[str], Any] = {}
@@ -201,7 +232,8 @@ class NgramSpeculator:
         self.lock = threading.Lock()
         self.totals = {"requests": 0, "speculative_requests": 0, "completed": 0, "cancelled": 0,
                        "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0, "decode_forwards": 0,
-                       "draft_n": 0, "draft_n_accepted": 0, "generation_seconds": 0.0, "dynamic_saves": 0}
+                       "draft_n": 0, "draft_n_accepted": 0, "generation_seconds": 0.0, "dynamic_saves": 0,
+                       "drafters": {name: 0 for name in DRAFTERS}}
         self._since_save = 0
 
     def make_cache(self) -> list:
@@ -223,11 +255,33 @@ class NgramSpeculator:
                 self.c_dyn[key] = HashTable()
         return self.c_dyn[key]
 
-    def drafter(self, user: Optional[str], prefix: list[int], eos: set[int]) -> Drafter:
-        return _EosCutDrafter(default_drafter(c_st=self.c_st, c_dyn=self.dynamic_for(user)), prefix, eos)
+    def history_for(self, user: Optional[str]):
+        """The suffix history that drafts for ``user`` (``None``: none in use, or ``--history-max-tokens 0``)."""
+        if (self.scope == "user" and user is None) or self.history_max_tokens == 0:
+            return None
+        key = self._key(user)
+        if key not in self.histories:
+            self.histories[key] = suffix_api().SuffixHistory(self.history_max_tokens)
+        return self.histories[key]
 
-    def finish(self, spec: RequestSpec, history: list[int], n_prompt: int, completed: bool) -> None:
-        """Count the request; learn its response n-grams if it completed; save every ``save_every``."""
+    def drafter(self, user: Optional[str], prefix: list[int], eos: set[int], name: Optional[str] = None,
+                shared: bool = True) -> Drafter:
+        """The drafter ``name`` (None: ``--drafter``) for ``user``: ``lookup`` over the static and the user's
+        dynamic cache (llama.cpp's, as always), ``suffix`` over the user's history, ``auto`` over both.
+        ``shared=False``: without what earlier requests taught (dynamic cache, history), so that the drafts,
+        and with them a seeded sampled answer, depend on the request alone."""
+        name = name or self.drafter_name
+        c_dyn = self.dynamic_for(user) if shared else None
+        if name == "lookup":
+            inner = default_drafter(c_st=self.c_st, c_dyn=c_dyn)
+        else:
+            inner = make_drafter(name, c_st=self.c_st, c_dyn=c_dyn if name == "auto" else None,
+                                 history=self.history_for(user) if shared else None)
+        return _EosCutDrafter(inner, prefix, eos)
+
+    def finish(self, spec: RequestSpec, full: list[int], n_prompt: int, completed: bool) -> None:
+        """Count the request; if it completed, learn its response n-grams and add ``full`` (its prompt, then
+        its output) to the suffix history; save every ``save_every``."""
         s = spec.stats
         with self.lock:
             t = self.totals
@@ -241,10 +295,15 @@ class NgramSpeculator:
             t["draft_n"] += s.n_drafted
             t["draft_n_accepted"] += s.n_accept
             t["generation_seconds"] += spec.t_generate
+            if spec.speculative and spec.draft_max != 0:
+                t["drafters"][spec.drafter or self.drafter_name] += 1
         if not completed or (self.scope == "user" and spec.user is None):
             return
+        history = self.history_for(spec.user)
+        if history is not None:
+            history.add(full)
         table = self.dynamic_for(spec.user)
-        table.update(np.asarray(history, np.int32), n_prompt, len(history))
+        table.update(np.asarray(full, np.int32), n_prompt, len(full))
         self._dirty.add(self._key(spec.user))
         self._since_save += 1
         if self.path is not None and self._since_save >= self.save_every:
@@ -267,14 +326,16 @@ class NgramSpeculator:
     def stats(self) -> dict:
         """Totals since start (``GET /v1/stats``)."""
         with self.lock:
-            t = dict(self.totals)
+            t = dict(self.totals, drafters=dict(self.totals["drafters"]))
         t["accept"] = 100.0 * t["draft_n_accepted"] / t["draft_n"] if t["draft_n"] else 0.0
         t["tokens_per_forward"] = t["completion_tokens"] / t["decode_forwards"] if t["decode_forwards"] else 0.0
         t["predicted_per_second"] = (t["completion_tokens"] / t["generation_seconds"]
                                      if t["generation_seconds"] else 0.0)
-        t["dynamic_caches"] = {("server" if k is None else f"user {hashlib.sha256(k.encode()).hexdigest()[:8]}"):
-                               {"ngrams": len(v), "entries": v.n_entries()} for k, v in list(self.c_dyn.items())}
+        t["dynamic_caches"] = {_scope_name(k): {"ngrams": len(v), "entries": v.n_entries()}
+                               for k, v in list(self.c_dyn.items())}
+        t["suffix_histories"] = {_scope_name(k): {"tokens": v.n_tokens} for k, v in list(self.histories.items())}
         t["draft_max"] = "auto" if self.draft_max is None else self.draft_max
+        t["drafter"], t["history_max_tokens"] = self.drafter_name, self.history_max_tokens
         t["speculative"] = self.speculative
         return t
 
@@ -467,7 +528,8 @@ class SpecResponseGenerator(mlx_server.ResponseGenerator):
         if spec.speculative and spec.draft_max != 0:
             if kwargs.get("input_embeddings") is not None:
                 raise RequestError("images are not supported by ngram-spec serve")
-            drafter = speculator.drafter(spec.user, full[:n_cached], set(tokenizer.eos_token_ids))
+            drafter = speculator.drafter(spec.user, full[:n_cached], set(tokenizer.eos_token_ids), spec.drafter,
+                                         shared=not spec.seeded)
             progress = kwargs.get("prompt_progress_callback") or (lambda *_: None)
             progress(0, len(rest))
             responses = spec_stream_generate(
@@ -502,6 +564,9 @@ class SpecResponseGenerator(mlx_server.ResponseGenerator):
                 spec.stats.n_tokens = spec.stats.steps = len(yielded)
                 history = full + yielded
             else:
+                # the tokens the client got: a step is counted whole, but one that accepted a drafted EOS
+                # also holds the model's token after it, which no one sees
+                spec.stats.n_tokens = min(spec.stats.n_tokens, len(yielded))
                 history = [int(t) for t in drafter.tokens]
             self.prompt_cache.hold(prompt_cache, history[:held_tokens(prompt_cache)])
             try:
@@ -608,7 +673,11 @@ class SpecAPIHandler(mlx_server.APIHandler):
         if len(set(map(json.dumps, given.values()))) > 1:
             raise ValueError(f"{' and '.join(given)} are the same setting; give one of them")
         draft_max = next(iter(given.values())) if given else speculator.draft_max
-        self.spec = RequestSpec(speculative=speculative, draft_max=draft_max, user=user)
+        drafter = body.get("drafter")
+        drafter = speculator.drafter_name if drafter is None else drafter
+        check_drafter(drafter)
+        self.spec = RequestSpec(speculative=speculative, draft_max=draft_max, user=user, drafter=drafter,
+                                seeded=self.seed is not None and self.temperature > 0)
 
     def _with_spec(self, request) -> SpecCompletionRequest:
         fields = {f.name: getattr(request, f.name) for f in dataclasses.fields(mlx_server.CompletionRequest)}
@@ -746,7 +815,8 @@ def run_serve(args) -> int:
     check_mlx_lm()
     logging.basicConfig(level=getattr(logging, args.log_level), format="%(asctime)s - %(levelname)s - %(message)s")
     speculator = NgramSpeculator(draft_max=args.draft_max, speculative=not args.no_spec, static=args.static,
-                                 dynamic=args.dynamic, scope=args.dynamic_scope, save_every=args.save_every)
+                                 dynamic=args.dynamic, scope=args.dynamic_scope, save_every=args.save_every,
+                                 drafter=args.drafter, history_max_tokens=args.history_max_tokens)
     dtype = None if args.dtype in (None, "auto") else args.dtype
     model, tokenizer, desc = load_model(args.model, dtype)
     from mlx_lm.models.cache import make_prompt_cache
@@ -761,10 +831,11 @@ def run_serve(args) -> int:
     cli_args = build_server_args(args)
     provider = InjectedModelProvider(cli_args, model, tokenizer, args.model_id, speculator)
     generator = SpecResponseGenerator(provider, HeldPromptCache(args.prompt_cache_size), n_ctx=n_ctx)
-    log.info("serving %s as `%s` (context %s, speculation %s, draft %s, dynamic cache %s); requests are served "
-             "one at a time, as mlx_lm.server does with a draft model", desc, args.model_id, n_ctx,
-             "on" if speculator.speculative else "off", "auto" if args.draft_max is None else args.draft_max,
-             f"{args.dynamic} ({args.dynamic_scope})" if args.dynamic else "in memory")
+    log.info("serving %s as `%s` (context %s, speculation %s, draft %s, drafter %s, dynamic cache %s, suffix "
+             "history %s tokens); requests are served one at a time, as mlx_lm.server does with a draft model",
+             desc, args.model_id, n_ctx, "on" if speculator.speculative else "off",
+             "auto" if args.draft_max is None else args.draft_max, args.drafter,
+             f"{args.dynamic} ({args.dynamic_scope})" if args.dynamic else "in memory", args.history_max_tokens)
 
     def stop(signum, frame):
         raise KeyboardInterrupt

@@ -1,0 +1,86 @@
+"""``ngram_speculative_generate_step`` / ``stream_generate`` with ``drafter=`` a name (lookup, suffix, auto)
+or a Drafter object, and ``history=`` (a SuffixHistory) for suffix and auto: plain greedy output always;
+the history is drafted from; an unknown name is a ValueError naming the choices."""
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from mlx_lm.generate import generate_step
+
+from mlx_backend.decode.generate import SpecStats, ngram_speculative_generate_step, run_drafter, stream_generate
+from mlx_backend.models.tiny import tiny_model
+from reference.models.tiny import write_tiny_model
+from mlx_backend.ngram.default import suffix_api
+from reference.suffix.auto import AutoDrafter
+
+PROMPT = [5, 6, 7, 8, 9, 10, 11, 12, 13]
+N = 32
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    """A tiny qwen3_5 directory (random answers that do not repeat themselves), its tokenizer, and the
+    plain greedy answer to PROMPT."""
+    import mlx_lm
+
+    path = write_tiny_model(tmp_path_factory.mktemp("drafters") / "qwen3_5", "qwen3_5", seed=2)
+    model, tokenizer = mlx_lm.load(str(path))
+    plain = [t for t, _ in generate_step(mx.array(PROMPT), model, max_tokens=N,
+                                         sampler=lambda x: mx.argmax(x, axis=-1))]
+    return model, plain, tokenizer
+
+
+def spec(model, **kw):
+    stats = SpecStats()
+    tokens = [t for t, _, _ in ngram_speculative_generate_step(mx.array(PROMPT), model, max_tokens=N, draft_max=4,
+                                                                stats=stats, **kw)]
+    return tokens, stats
+
+
+@pytest.mark.parametrize("drafter", ["lookup", "suffix", "auto", None])
+def test_every_named_drafter_gives_plain_greedy_output(qwen, drafter):
+    model, plain, _ = qwen
+    tokens, random_stats = spec(model, drafter=drafter)
+    assert tokens == plain
+    looping = tiny_model("llama")                     # answers 14 1 14 1 ...: every drafter drafts there
+    tokens, stats = spec(looping, drafter=drafter)
+    assert tokens == [t for t, _ in generate_step(mx.array(PROMPT), looping, max_tokens=N,
+                                                  sampler=lambda x: mx.argmax(x, axis=-1))]
+    rejected = random_stats.n_drafted - random_stats.n_accept + stats.n_drafted - stats.n_accept
+    assert stats.n_accept > 0 and rejected > 0   # drafts accepted, and drafts rejected (rolled back)
+
+
+def test_a_history_holding_the_answer_is_drafted_from(qwen):
+    model, plain, _ = qwen
+    history = suffix_api().SuffixHistory(1000)
+    history.add(PROMPT + plain)                       # an earlier request: this prompt, then this answer
+    for name in ("suffix", "auto"):
+        without, s0 = spec(model, drafter=name)
+        with_history, s1 = spec(model, drafter=name, history=history)
+        assert without == with_history == plain
+        assert s1.n_accept > s0.n_accept + 10, (name, s0, s1)
+    lookup, s2 = spec(model, drafter="lookup", history=history)   # lookup has no use for it
+    assert lookup == plain and s2.n_accept == spec(model, drafter="lookup")[1].n_accept
+
+
+def test_stream_generate_takes_a_drafter_name(qwen):
+    model, plain, tokenizer = qwen
+    stats = SpecStats()
+    out = [r.token for r in stream_generate(model, tokenizer, mx.array(PROMPT), max_tokens=N,
+                                            drafter="suffix", draft_max=4, stats=stats)]
+    assert out == plain[:len(out)] and len(out) >= 1 and stats.n_drafted > 0
+
+
+def test_a_drafter_object_is_used_as_given_and_an_unknown_name_is_refused(qwen):
+    model, plain, _ = qwen
+    suffix = suffix_api().SuffixDrafter()
+    assert run_drafter(suffix, None) is suffix
+    tokens, _ = spec(model, drafter=suffix)
+    assert tokens == plain and list(suffix.tokens) == PROMPT + plain     # it saw the whole run
+    assert isinstance(run_drafter(None, None), AutoDrafter)               # the default: auto
+    assert run_drafter("suffix", 0) is None                               # draft_max=0: nothing drafts
+    for bad in ("sufix", ""):
+        with pytest.raises(ValueError, match="unknown drafter .*: choose one of lookup, suffix, auto"):
+            spec(model, drafter=bad)
+    with pytest.raises(ValueError, match="choose one of lookup, suffix, auto"):
+        run_drafter("x", 0)
