@@ -261,8 +261,8 @@ def suffix_draft(T: Sequence[int], k: int, history: Sequence[Sequence[int]] = ()
                  ladder: Sequence[int] = SUFFIX_LADDER) -> Suggestion:
     """The draft of up to ``k`` tokens for the sequence ``T`` with the (already bounded) ``history``.
 
-    >>> suffix_draft([5, 1, 2, 3, 4, 9, 1, 2], 8).draft
-    [3, 4, 9, 1]
+    >>> suffix_draft([5, 1, 2, 3, 4, 9, 1, 2], 8).draft   # L = 2: up to 4 * 2 tokens, 3 4 9 1 2 then 3 4 9 again
+    [3, 4, 9, 1, 2, 3, 4, 9]
     >>> suffix_draft([1, 2, 1, 2, 1], 6)   # "1 2 1" ended at 3: period 5 - 3 = 2, copied past the end
     Suggestion(draft=[2, 1, 2, 1, 2, 1], match_length=3, source='sequence', end=3)
     """

@@ -33,14 +33,18 @@ match drafts ``factor`` tokens, a 32-token match drafts up to ``32 * factor``. T
 
 >>> d = SuffixDrafter()
 >>> d.reset([5, 1, 2, 3, 4, 9, 1, 2])
->>> d.draft(8), d.match_length     # "1 2" occurred at positions 1..2, followed by 3 4 9 1 2 ...
-([3, 4, 9, 1], 2)
+>>> d.draft(8), d.match_length     # "1 2" occurred at positions 1..2, followed by 3 4 9 1 2 (3 4 9 ...)
+([3, 4, 9, 1, 2, 3, 4, 9], 2)
+>>> d.draft(3)                     # at most k
+[3, 4, 9]
 >>> d.extend([3, 4])
 >>> d.draft(8), d.match_length     # now "9 1 2 3 4"'s suffix "1 2 3 4" matched, L = 4
 ([9, 1, 2, 3, 4, 9, 1, 2], 4)
 >>> d.reset([7, 7, 7])             # a run copies its own period
 >>> d.draft(5)
-[7, 7, 7, 7]
+[7, 7, 7, 7, 7]
+>>> SuffixDrafter(factor=1.0).draft(5)   # nothing seen: nothing drafted
+[]
 """
 from __future__ import annotations
 
@@ -50,8 +54,8 @@ from reference.ngram.tokens import check_token_list
 
 LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # suffix lengths searched, longest first
 MAX_MATCH = 64                                       # the longest match measured (L <= MAX_MATCH)
-FACTOR = 2.0                                         # draft length <= FACTOR * L
-HISTORY_MAX_TOKENS = 1 << 20                         # the history's default bound, in tokens
+FACTOR = 4.0                                         # draft length <= FACTOR * L (measured: docs/suffix.md)
+HISTORY_MAX_TOKENS = 1 << 18                         # the history's default bound, in tokens (~40 MB fast)
 
 
 class SuffixHistory:
@@ -143,10 +147,12 @@ class SuffixDrafter:
         self.tokens.extend(check_token_list(tokens))
 
     def draft(self, k: int) -> list[int]:
+        if k < 0:
+            raise ValueError(f"k must be >= 0, got {k}")
         history = self.history.sequences if self.history is not None else []
         found = find_match(self.tokens, history, ladder=self.ladder, max_match=self.max_match)
         self.match_length = found[2] if found else 0
-        if found is None or k <= 0:
+        if found is None or k == 0:
             return []
         source, e, L = found
         n_d = min(k, int(self.factor * L))
