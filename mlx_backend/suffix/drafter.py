@@ -43,7 +43,7 @@ import numpy as np
 
 from mlx_backend.suffix.index import SEP, LatestEnds, draft
 from reference.ngram.tokens import INT32_MAX, check_range, check_token_list
-from reference.suffix.drafter import FACTOR, HISTORY_MAX_TOKENS, LADDER, MAX_MATCH
+from reference.suffix.drafter import FACTOR, HISTORY_MAX_TOKENS, LADDER, MAX_MATCH, check_settings
 
 MAX_POSITIONS = 1 << 32  # an index stores positions in 32 bits
 MAX_HISTORY_TOKENS = MAX_POSITIONS // 8  # a history uses < 5 positions per token kept (separators, dropped ones)
@@ -147,14 +147,10 @@ class SuffixDrafter:
 
     def __init__(self, history: SuffixHistory | None = None, *, factor: float = FACTOR,
                  max_match: int = MAX_MATCH, ladder: Sequence[int] = LADDER):
-        if factor <= 0:
-            raise ValueError(f"factor must be > 0, got {factor}")
-        if max_match < 1 or not ladder or min(ladder) < 1:
-            raise ValueError("max_match and every ladder length must be >= 1")
+        self.ladder = check_settings(factor, max_match, ladder)
         if history is not None and not isinstance(history, SuffixHistory):
             raise TypeError(f"history must be a {__name__}.SuffixHistory, got {type(history).__name__}")
-        self.history = history
-        self.factor, self.max_match, self.ladder = factor, max_match, tuple(sorted(set(ladder)))
+        self.history, self.factor, self.max_match = history, factor, max_match
         self._factor = float(factor)
         lengths = [m for m in self.ladder if m <= max_match]  # the lengths the rule can choose
         self._index = LatestEnds(lengths)

@@ -120,6 +120,19 @@ def find_match(T: Sequence[int], history: Sequence[Sequence[int]], *, ladder=LAD
     return None
 
 
+def check_settings(factor: float, max_match: int, ladder: Sequence[int]) -> tuple[int, ...]:
+    """The ladder, sorted and without repeats, once the settings are valid (ValueError naming the bad one).
+
+    >>> check_settings(4.0, 64, (8, 1, 8))
+    (1, 8)
+    """
+    if factor <= 0:
+        raise ValueError(f"factor must be > 0, got {factor}")
+    if max_match < 1 or not ladder or min(ladder) < 1:
+        raise ValueError("max_match and every ladder length must be >= 1")
+    return tuple(sorted(set(ladder)))
+
+
 class SuffixDrafter:
     """Drafts by the rule of this module from the sequence it has seen and ``history`` (a
     :class:`SuffixHistory`, read only: the caller adds finished sequences to it).
@@ -130,12 +143,8 @@ class SuffixDrafter:
 
     def __init__(self, history: SuffixHistory | None = None, *, factor: float = FACTOR,
                  max_match: int = MAX_MATCH, ladder: Sequence[int] = LADDER):
-        if factor <= 0:
-            raise ValueError(f"factor must be > 0, got {factor}")
-        if max_match < 1 or not ladder or min(ladder) < 1:
-            raise ValueError("max_match and every ladder length must be >= 1")
-        self.history = history
-        self.factor, self.max_match, self.ladder = factor, max_match, tuple(sorted(set(ladder)))
+        self.ladder = check_settings(factor, max_match, ladder)
+        self.history, self.factor, self.max_match = history, factor, max_match
         self.tokens: list[int] = []
         self.match_length = 0
 

@@ -68,14 +68,10 @@ def data(tmp_path_factory):
 
 
 def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``; the platform's processor string elsewhere)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        import platform
+    """The CPU's model name, as the BLAS verdicts name it."""
+    from mlx_backend.machine.blas import cpu_identity
 
-        return platform.processor() or "?"
+    return cpu_identity()["model"]
 
 
 def info(benchmark, data, **kw):

@@ -14,7 +14,6 @@ context is long text, not a repetition the drafter copies wholesale. ``extra_inf
 from __future__ import annotations
 
 import os
-import platform
 import time
 from pathlib import Path
 
@@ -33,11 +32,10 @@ TARGET_DRAFT_US = 5.0
 
 
 def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "?"
+    """The CPU's model name, as the BLAS verdicts name it."""
+    from mlx_backend.machine.blas import cpu_identity
+
+    return cpu_identity()["model"]
 
 
 @pytest.fixture(scope="module")
