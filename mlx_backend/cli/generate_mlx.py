@@ -160,7 +160,7 @@ def _responses(args, model, tokenizer, prompt, run):
     from mlx_lm.sample_utils import make_sampler
 
     from mlx_backend.decode.generate import SpecStats, stream_generate
-    from mlx_backend.ngram.default import default_drafter, make_drafter
+    from mlx_backend.ngram.default import lookup_drafter, make_drafter
     from mlx_backend.ngram.dynamic_cache import load_dynamic
     from reference.ngram.ours_file import check_file_tokenizer
 
@@ -176,7 +176,7 @@ def _responses(args, model, tokenizer, prompt, run):
     if name != "lookup":
         drafter = make_drafter(name, c_st=args.static, c_dyn=c_dyn)
     else:   # llama.cpp's lookup, as before the other drafters existed
-        drafter = default_drafter(c_st=args.static, c_dyn=c_dyn) if args.static or args.dynamic else context_drafter()
+        drafter = lookup_drafter(c_st=args.static, c_dyn=c_dyn) if args.static or args.dynamic else context_drafter()
     spec = run.spec_kwargs(model, sampler=sampler, draft_max=args.draft_max, drafter=drafter,
                              c_st=args.static, c_dyn=args.dynamic)
     responses = stream_generate(tokenizer=tokenizer, prompt=mx.array(prompt), stats=stats, **{**common, **spec})

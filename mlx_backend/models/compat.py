@@ -8,8 +8,8 @@ that wraps any window:
 
 * plain: ``mlx_lm.generate.generate_step`` with an argmax sampler and the model's own cache;
 * speculative, three ways: a scripted drafter that proposes plain's continuation with forced
-  mistakes (drafts accepted and rejected at every length up to 6), the n-gram drafter with
-  ``draft_max=4``, and the default cost-aware policy (``draft_max=None``, with the cost curve
+  mistakes (drafts accepted and rejected at every length up to 6), the default drafter (``auto``:
+  suffix match, else llama.cpp's lookup) with ``draft_max=4``, and the default cost-aware policy (``draft_max=None``, with the cost curve
   :data:`POLICY_COSTS` instead of a measurement).
 
 Each architecture gets one verdict (:data:`VERDICTS`): ``identical``; ``near-tie`` (the first
@@ -290,7 +290,7 @@ def check(arch: str, phase=lambda verdict_if_it_crashes: None) -> dict:
         vc.close()
         verdicts, drafted, accepted = [], 0, 0
         for name, kwargs in (("scripted", dict(draft_max=6, drafter=_Scripted(plain))),
-                             ("n-gram k=4", dict(draft_max=4)),
+                             ("auto k=4", dict(draft_max=4)),
                              ("policy", dict(draft_max=None,
                                              draft_policy=DraftPolicy(POLICY_COSTS, plain_cost=0.95)))):
             stats = SpecStats()
@@ -384,7 +384,7 @@ def render(rows: list[dict], seconds: float) -> str:
         "scaled so logits are peaked) and decoded greedily for "
         f"{MAX_TOKENS} tokens after a {len(PROMPT)}-token repeating prompt, plainly "
         "(`mlx_lm.generate.generate_step`, the model's own cache) and speculatively three ways "
-        "(scripted drafts accepted and rejected, the n-gram drafter with `draft_max=4`, the default "
+        "(scripted drafts accepted and rejected, the default `auto` drafter with `draft_max=4`, the default "
         "policy). Verdicts: **identical** (all three equal plain token for token); **near-tie** "
         f"(the first difference is at a token whose top-2 log-probability gap is below {NEAR_TIE}); "
         "**refused** (speculation refuses with `RollbackUnsupported`: the reason); **plain fails** "

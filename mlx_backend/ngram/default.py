@@ -27,15 +27,16 @@ def suffix_api():
     return api
 
 
-def default_drafter(c_st=None, c_dyn=None):
-    """A drafter over ``c_st`` / ``c_dyn`` (caches or cache file paths) from :func:`ngram_api`."""
+def lookup_drafter(c_st=None, c_dyn=None):
+    """llama.cpp's lookup drafter over ``c_st`` / ``c_dyn`` (caches or cache file paths) from :func:`ngram_api`:
+    :func:`make_drafter`'s ``lookup`` (the default drafter is ``auto``)."""
     return ngram_api().NgramDrafter(c_st=c_st, c_dyn=c_dyn)
 
 
 def make_drafter(name: str, *, c_st=None, c_dyn=None, history=None, score: str = "exact",
                  min_match: int = AUTO_MIN_MATCH):
     """The fast drafter called ``name`` (one of :data:`DRAFTERS`), as :func:`reference.suffix.auto.make_drafter`
-    builds the reference's: ``lookup`` llama.cpp's (:func:`default_drafter`'s ``NgramDrafter``; ``c_st``,
+    builds the reference's: ``lookup`` llama.cpp's (:func:`lookup_drafter`'s ``NgramDrafter``; ``c_st``,
     ``c_dyn``, ``score``), ``suffix`` :func:`suffix_api`'s ``SuffixDrafter`` (``history``: a ``SuffixHistory``
     of the same module, or None), ``auto`` the two in :class:`reference.suffix.auto.AutoDrafter`.
 

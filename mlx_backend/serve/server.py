@@ -56,7 +56,7 @@ from reference.drafter import Drafter
 from mlx_backend.ngram.api import HashTable, as_table, load_cache
 from mlx_backend.ngram.dynamic_cache import load_dynamic, save_dynamic
 from mlx_backend.decode.generate import SpecStats, stream_generate as spec_stream_generate
-from mlx_backend.ngram.default import default_drafter, make_drafter, suffix_api
+from mlx_backend.ngram.default import lookup_drafter, make_drafter, suffix_api
 from reference.suffix.auto import DEFAULT_DRAFTER, DRAFTERS
 from reference.suffix.drafter import HISTORY_MAX_TOKENS
 
@@ -273,7 +273,7 @@ class NgramSpeculator:
         name = name or self.drafter_name
         c_dyn = self.dynamic_for(user) if shared else None
         if name == "lookup":
-            inner = default_drafter(c_st=self.c_st, c_dyn=c_dyn)
+            inner = lookup_drafter(c_st=self.c_st, c_dyn=c_dyn)
         else:
             inner = make_drafter(name, c_st=self.c_st, c_dyn=c_dyn if name == "auto" else None,
                                  history=self.history_for(user) if shared else None)

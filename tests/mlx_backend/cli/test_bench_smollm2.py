@@ -44,7 +44,7 @@ import mlx_backend.models.gguf  # noqa: E402
 from mlx_backend.cli import demo as mlx_cli  # noqa: E402
 from mlx_backend.machine.blas import blas_in_use, wheel_openblas  # noqa: E402
 from mlx_backend.decode.generate import SpecStats, ngram_speculative_generate_step  # noqa: E402
-from mlx_backend.ngram.default import default_drafter
+from mlx_backend.ngram.default import lookup_drafter
 from mlx_backend.cli.prompts import prompt_tokens  # noqa: E402
 from mlx_backend.models.loading import load_model  # noqa: E402
 
@@ -76,7 +76,7 @@ def _plain(model, prompt, max_tokens, eos, sampler):
 def _spec(model, prompt, max_tokens, eos, sampler, stats):
     out = []
     for token, _, _ in ngram_speculative_generate_step(mx.array(prompt), model, max_tokens=max_tokens,
-                                                       sampler=sampler, drafter=default_drafter(), stats=stats):
+                                                       sampler=sampler, drafter=lookup_drafter(), stats=stats):
         out.append(int(token))
         if token in eos:
             break

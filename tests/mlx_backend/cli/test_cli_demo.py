@@ -128,7 +128,9 @@ def test_demo_speedup_only_where_drafts_ran(demo_runs, draft):
             assert r["no_drafts"] == expected, r
         else:
             assert r["no_drafts"] is None
-            assert r["speedup"] == pytest.approx(r["spec_tok_s"] / r["plain_tok_s"], rel=0.02)
+            # both tok/s are printed to 2 decimals: their ratio is off by up to 0.005 / tok/s of each
+            slack = 0.005 / r["spec_tok_s"] + 0.005 / r["plain_tok_s"]
+            assert r["speedup"] == pytest.approx(r["spec_tok_s"] / r["plain_tok_s"], rel=0.01 + slack)
         if draft == "auto":   # the cost-aware policy's state after the second speculative run
             assert set(r["policy"]) == {"cost_rel", "plain_cost_rel", "accept", "accept_by_match", "decisions"}
         else:
@@ -181,7 +183,7 @@ def test_table_says_no_drafts_instead_of_a_speedup():
 
 
 @pytest.mark.parametrize("reason, policy, says, not_says", [
-    ("no-proposal", None, "the n-gram drafter found nothing to propose", "draft policy"),
+    ("no-proposal", None, "the drafter found nothing to propose", "draft policy"),
     ("no-room", None, "no draft fitted before --max-tokens", "draft policy"),
     ("policy", {**FLAT_COSTS, "cost_rel": None, "plain_cost_rel": None}, "verify costs not being learned yet",
      "BLAS"),

@@ -9,7 +9,7 @@ import pytest
 import reference.ngram.api as api
 from mlx_backend.ngram.dynamic_cache import load_dynamic, save_dynamic
 from mlx_backend.decode.generate import ngram_speculative_generate_step
-from mlx_backend.ngram.default import default_drafter
+from mlx_backend.ngram.default import lookup_drafter
 from mlx_backend.models.tiny import tiny_model
 
 
@@ -53,10 +53,10 @@ def test_interrupted_save_leaves_old_file(tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == ["dyn.bin"]          # no temporary file left behind
 
 
-def test_default_drafter_reads_cache_files(tmp_path):
+def test_lookup_drafter_reads_cache_files(tmp_path):
     path = tmp_path / "st.bin"
     api.save_cache(api.build_static([10, 11, 12, 10, 11, 12]), path)
-    drafter = default_drafter(c_st=str(path))
+    drafter = lookup_drafter(c_st=str(path))
     drafter.reset([10, 11])
     assert drafter.draft(1) == [12]
 
@@ -67,7 +67,7 @@ def test_default_backend_learns_the_same_rows(tmp_path):
     model = tiny_model("llama", seed=3)
     prompt = [1, 2, 3, 1, 2, 3]
     c_dyn = load_dynamic(path)
-    drafter = default_drafter(c_dyn=c_dyn)
+    drafter = lookup_drafter(c_dyn=c_dyn)
     out = [t for t, _, _ in ngram_speculative_generate_step(mx.array(prompt), model, max_tokens=6,
                                                             draft_max=2, drafter=drafter)]
     save_dynamic(path, c_dyn, drafter.c_ctx)
