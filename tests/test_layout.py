@@ -21,6 +21,7 @@ FLOORS = {
     "mlx_backend.suffix": 2,
     "mlx_backend.decode": 3,
     "mlx_backend.models": 4,
+    "mlx_backend.batch": 4,
     "mlx_backend.distributed": 5,
     "mlx_backend.serve": 5,
     "conformance": 5,

@@ -44,6 +44,9 @@ def check_args(args) -> None:
         raise ValueError(f"--drafter must be one of {', '.join(DRAFTERS)}, got {args.drafter!r}")
     if args.history_max_tokens < 0:
         raise ValueError(f"--history-max-tokens must be >= 0 (0: no history), got {args.history_max_tokens}")
+    if args.decode_concurrency < 1:
+        raise ValueError(f"--decode-concurrency must be at least 1 (1: one request at a time), got "
+                         f"{args.decode_concurrency}")
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
 
@@ -122,6 +125,10 @@ def register(subparsers) -> None:
     p.add_argument("--chat-template-args", type=json.loads, default="{}",
                    help="JSON arguments for the tokenizer's apply_chat_template, e.g. '{\"enable_thinking\":false}'")
     p.add_argument("--prefill-step-size", type=int, default=2048, help="prompt tokens per prefill step (default: %(default)s)")
+    p.add_argument("--decode-concurrency", type=int, default=32, metavar="N",
+                   help="decode up to N requests together: one verify forward for all their drafts (batched "
+                        "speculation, where the model's caches allow it); 1: one request at a time, each with the "
+                        "cost-aware draft length (default: %(default)s, mlx_lm.server's)")
     p.add_argument("--prompt-cache-size", type=int, default=10,
                    help="maximum number of distinct prompt caches kept for reuse (default: %(default)s)")
     p.add_argument("--prompt-cache-bytes", type=_size, default=None,

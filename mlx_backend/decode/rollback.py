@@ -345,7 +345,7 @@ class _RecordingRotating:
             super().update_and_fetch(keys[..., t:t + 1, :], values[..., t:t + 1, :])
 
 
-def _gdn_layer(layer: nn.Module):
+def gdn_layer(layer: nn.Module):
     """The GatedDeltaNet module of a decoder layer, or None if it has none."""
     module = getattr(layer, "linear_attn", None)
     return module if isinstance(module, nn.Module) else None
@@ -412,7 +412,7 @@ class VerifyCache:
                     if c.lengths is not None or c.left_padding is not None:
                         raise RollbackUnsupported(f"cache {i} is a batched ArraysCache (lengths / left "
                                                   f"padding); speculative decoding runs batch size 1")
-                    gdn = _gdn_layer(layer) if layer is not None else None
+                    gdn = gdn_layer(layer) if layer is not None else None
                     if gdn is not None and gdn_projections(gdn) is not None:
                         self.gdn.append((attach(gdn), c))
                     else:

@@ -2,14 +2,18 @@
 
 The HTTP side is ``mlx_lm.server`` itself: its ``APIHandler`` (request parsing, validation, chat
 templates, tool calls, SSE streaming), its ``ResponseGenerator`` (the generation thread, the request
-queue, stop sequences, the LRU of prompt caches) and its ``_run_http_server``. Three seams plug ours in:
+queue, stop sequences, the LRU of prompt caches) and its ``_run_http_server``. Four seams plug ours in:
 
 * the **draft-model seam**: ``ModelProvider.draft_model`` is an :class:`NgramSpeculator` (server-wide
-  drafting state: static and dynamic n-gram caches, totals). As with any draft model, mlx-lm then serves
-  requests one at a time through ``ResponseGenerator._serve_single`` (no batching);
-* ``_serve_single`` is mlx-lm's own code, run with the name ``stream_generate`` bound to
-  :meth:`SpecResponseGenerator.stream_generate` (the function is rebuilt from mlx-lm's code object with
-  that one global replaced; no mlx-lm module is modified);
+  drafting state: static and dynamic n-gram caches, totals);
+* **batched serving**: mlx-lm's generation loop ``ResponseGenerator._generate`` is run with the name
+  ``BatchGenerator`` bound to :class:`mlx_backend.batch.server_batch.SpeculativeBatchGenerator` (speculative
+  steps, one verify forward for all decoding rows), where the model's caches allow it
+  (:func:`~mlx_backend.batch.server_batch.batch_unsupported`) and ``--decode-concurrency`` > 1
+  (``is_batchable``); mlx-lm itself serves seeded requests one at a time (``_is_batchable``);
+* otherwise ``_serve_single`` (one request at a time) is mlx-lm's own code, run with the name
+  ``stream_generate`` bound to :meth:`SpecResponseGenerator.stream_generate` (each function is rebuilt
+  from mlx-lm's code object with that one global replaced; no mlx-lm module is modified);
 * the **prompt-cache LRU** (:class:`HeldPromptCache`) stores each cache under the tokens it really holds:
   after a speculative run that is the accepted tokens only (rejected drafts were rolled back, see
   :mod:`mlx_backend.decode.rollback`), which may be one token less than the text (the last token was never fed)
@@ -55,7 +59,8 @@ from mlx_lm.models.cache import LRUPromptCache
 from reference.drafter import Drafter
 from mlx_backend.ngram.api import HashTable, as_table, load_cache
 from mlx_backend.ngram.dynamic_cache import load_dynamic, save_dynamic
-from mlx_backend.decode.generate import SpecStats, stream_generate as spec_stream_generate
+from mlx_backend.batch.server_batch import RowPlan, RowReport, SpeculativeBatchGenerator, batch_unsupported
+from mlx_backend.decode.generate import SpecStats, stream_generate as spec_stream_generate, vocab_size
 from mlx_backend.ngram.default import lookup_drafter, make_drafter, suffix_api
 from reference.suffix.auto import DEFAULT_DRAFTER, DRAFTERS
 from reference.suffix.drafter import HISTORY_MAX_TOKENS
@@ -113,6 +118,7 @@ class RequestSpec:
     t_prompt: float = 0.0
     t_generate: float = 0.0
     cancelled: bool = False  # the client went away mid-response
+    batched: bool = False  # decoded in a batch (SpeculativeBatchGenerator), not alone
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
 
     def timings(self) -> dict:
@@ -233,7 +239,8 @@ class NgramSpeculator:
         self.totals = {"requests": 0, "speculative_requests": 0, "completed": 0, "cancelled": 0,
                        "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0, "decode_forwards": 0,
                        "draft_n": 0, "draft_n_accepted": 0, "generation_seconds": 0.0, "dynamic_saves": 0,
-                       "drafters": {name: 0 for name in DRAFTERS}}
+                       "drafters": {name: 0 for name in DRAFTERS}, "verify_forwards": 0}
+        self._rows = [0, 0]  # rows summed over the verify forwards, the most in one
         self._since_save = 0
 
     def make_cache(self) -> list:
@@ -297,6 +304,10 @@ class NgramSpeculator:
             t["generation_seconds"] += spec.t_generate
             if spec.speculative and spec.draft_max != 0:
                 t["drafters"][spec.drafter or self.drafter_name] += 1
+            if not spec.batched:  # decoded alone: each of its decode forwards held one row
+                t["verify_forwards"] += s.steps
+                self._rows[0] += s.steps
+                self._rows[1] = max(self._rows[1], 1 if s.steps else 0)
         if not completed or (self.scope == "user" and spec.user is None):
             return
         history = self.history_for(spec.user)
@@ -308,6 +319,13 @@ class NgramSpeculator:
         self._since_save += 1
         if self.path is not None and self._since_save >= self.save_every:
             self.save()
+
+    def count_forward(self, rows: int) -> None:
+        """One batched verify forward over ``rows`` rows (``/v1/stats`` ``verify_forwards``, ``rows_per_forward``)."""
+        with self.lock:
+            self.totals["verify_forwards"] += 1
+            self._rows[0] += rows
+            self._rows[1] = max(self._rows[1], rows)
 
     def save(self) -> None:
         """Write every changed dynamic cache to its file atomically."""
@@ -327,6 +345,8 @@ class NgramSpeculator:
         """Totals since start (``GET /v1/stats``)."""
         with self.lock:
             t = dict(self.totals, drafters=dict(self.totals["drafters"]))
+            n = t["verify_forwards"]
+            t["rows_per_forward"] = {"mean": self._rows[0] / n if n else 0.0, "max": self._rows[1]}
         t["accept"] = 100.0 * t["draft_n_accepted"] / t["draft_n"] if t["draft_n"] else 0.0
         t["tokens_per_forward"] = t["completion_tokens"] / t["decode_forwards"] if t["decode_forwards"] else 0.0
         t["predicted_per_second"] = (t["completion_tokens"] / t["generation_seconds"]
@@ -362,17 +382,25 @@ def held_tokens(prompt_cache: list) -> int:
 
 
 class InjectedModelProvider(mlx_server.ModelProvider):
-    """mlx-lm's ``ModelProvider`` holding a model loaded by us (a GGUF file or an mlx-lm directory)."""
+    """mlx-lm's ``ModelProvider`` holding a model loaded by us (a GGUF file or an mlx-lm directory).
+
+    ``is_batchable`` (mlx-lm's switch between its batched loop and ``_serve_single``) is true when
+    ``--decode-concurrency`` > 1 and :class:`~mlx_backend.batch.generate.BatchSpeculativeDecoder` supports
+    the model's caches; ``unbatched_reason`` says why not otherwise."""
 
     def __init__(self, cli_args, model, tokenizer, model_id: str, speculator: NgramSpeculator):
         super().__init__(cli_args)
         self.model_id = model_id
         self._served = (model, tokenizer, speculator)
+        concurrency = getattr(cli_args, "decode_concurrency", 1)
+        self.unbatched_reason = (f"--decode-concurrency {concurrency}" if concurrency <= 1
+                                 else batch_unsupported(model))
         self._install()
 
     def _install(self) -> None:
         self.model, self.tokenizer, self.draft_model = self._served
-        self.model_key, self.processor, self.is_batchable = (self.model_id, None, None), None, False
+        self.model_key, self.processor = (self.model_id, None, None), None
+        self.is_batchable = self.unbatched_reason is None
 
     def load(self, model_path, adapter_path=None, draft_model_path=None):
         if model_path not in ("default_model", self.model_id):
@@ -407,6 +435,12 @@ class SpecResponseGenerator(mlx_server.ResponseGenerator):
     meet the same broken model, BLAS or code. It is logged with its traceback, the request in flight and
     every waiting one are answered with HTTP 500 (:class:`WorkerFailure`, naming the exception), the HTTP
     server stops accepting connections and ``run_serve`` returns 1, for a supervisor to restart it.
+
+    Batched (mlx-lm's ``_generate`` loop with :class:`~mlx_backend.batch.server_batch.SpeculativeBatchGenerator`):
+    the same split. A request's setup errors, and a ``ValueError`` of its sampler or logits processors
+    (tried on a dummy row in :meth:`_tokenize`, :meth:`_check_sampling`), are its own; any exception of the
+    shared step escapes mlx-lm's loop and is the worker's failure (the requests in the batch get their 500
+    from ``_await_response`` once the thread is marked failed).
     """
 
     def __init__(self, model_provider: InjectedModelProvider, prompt_cache: HeldPromptCache,
@@ -426,7 +460,59 @@ class SpecResponseGenerator(mlx_server.ResponseGenerator):
                 raise self.failure  # out of mlx-lm's generation loop: the worker stops (_run_generate)
 
         self._serve_single = serve_single_or_fail
+        self._generate = types.MethodType(
+            _rebind(mlx_server.ResponseGenerator._generate, BatchGenerator=self._batch_generator), self)
         super().__init__(model_provider, prompt_cache)
+
+    def _batch_generator(self, model, *, completion_batch_size: int, prefill_step_size: int, stream=None, **_):
+        """What mlx-lm's ``_generate`` builds instead of its ``BatchGenerator`` (one per batch it serves)."""
+        return SpeculativeBatchGenerator(model, plan=self._plan_row, completion_batch_size=completion_batch_size,
+                                         on_forward=self.model_provider.draft_model.count_forward,
+                                         prefill_step_size=prefill_step_size, stream=stream)
+
+    def _plan_row(self, cached: list[int], prompt: list[int]) -> RowPlan:
+        """A batched request's drafter and draft length, and what its finish records (its metrics, then
+        :meth:`NgramSpeculator.finish`: totals, dynamic cache, suffix history). The request is the one
+        :meth:`_tokenize` saw last: mlx-lm's loop inserts each request right after tokenizing it, in the same
+        (generation) thread. Draft length: the request's ``draft_max`` (default ``--draft-max``), else the
+        cost-aware width of the batch (:mod:`mlx_backend.batch.policy`)."""
+        request, _ = self._current
+        spec, speculator = request.spec, self.model_provider.draft_model
+        spec.batched, spec.prompt_tokens, spec.cached_tokens = True, len(prompt), len(cached)
+        drafter, draft_max = None, 0
+        if spec.speculative and spec.draft_max != 0:
+            draft_max = spec.draft_max
+            drafter = speculator.drafter(spec.user, [], set(self.model_provider.tokenizer.eos_token_ids),
+                                         spec.drafter, shared=not spec.seeded)
+        else:
+            spec.speculative = False
+
+        def on_finish(report: RowReport) -> None:
+            s = spec.stats
+            s.n_tokens, s.steps, s.n_drafted, s.n_accept = (len(report.output), report.steps, report.n_drafted,
+                                                            report.n_accept)
+            spec.t_prompt, spec.t_generate = report.t_prompt, report.t_generate
+            try:
+                speculator.finish(spec, prompt + report.output, len(prompt), report.completed and not spec.cancelled)
+            finally:
+                spec.done.set()
+
+        return RowPlan(drafter, draft_max, on_finish)
+
+    def _check_sampling(self, tokenizer, args, prompt: list[int]) -> None:
+        """Run a batched request's logits processors and sampler once on a dummy row. In a batch they run
+        inside the shared step, where a ``ValueError`` (an argument mlx refuses only there) would be the
+        worker's failure; here it stays the request's own error (HTTP 400), as in ``_serve_single``."""
+        n_vocab = vocab_size(self.model_provider.model)
+        if n_vocab is None:
+            return
+        logits = mx.zeros((1, n_vocab))
+        try:
+            for processor in mlx_server._make_logits_processors(args):
+                logits = processor(mx.array(prompt[-1:] or [0]), logits)
+            mx.eval(mlx_server._make_sampler(args, tokenizer)(logits))
+        except ValueError as exc:   # raised before the request's answer began: a RequestError is answered 400
+            raise RequestError(str(exc)) from exc
 
     def _run_generate(self):
         """mlx-lm's generation thread (its ``_generate`` loop), failing the server if it raises, and
@@ -496,10 +582,13 @@ class SpecResponseGenerator(mlx_server.ResponseGenerator):
                 f"This model's maximum context length is {self.n_ctx} tokens; the request needs "
                 f"{len(prompt) + args.max_tokens} ({len(prompt)} in the prompt + {args.max_tokens} max_tokens): "
                 "shorten the prompt or lower max_tokens")
+        batched = self.model_provider.is_batchable and self._is_batchable(args)
+        if batched:
+            self._check_sampling(tokenizer, args, prompt)
         waiting = self.requests.qsize()
-        if waiting:
-            log.info("%d more request(s) waiting: requests are served one at a time (no batched speculation, "
-                     "docs/server.md)", waiting)
+        if waiting and not self.model_provider.is_batchable:
+            log.info("%d more request(s) waiting: requests are served one at a time (%s; docs/server.md)", waiting,
+                     self.model_provider.unbatched_reason)
         self._current = (request, list(prompt))
         return result
 
@@ -796,17 +885,20 @@ def build_server_args(args) -> argparse.Namespace:
         model=args.model_id, adapter_path=None, draft_model=None, num_draft_tokens=3, trust_remote_code=False,
         chat_template="", use_default_chat_template=False, host=args.host, port=args.port,
         allowed_origins=args.allowed_origins, temp=args.temp, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
-        max_tokens=args.max_tokens, chat_template_args=args.chat_template_args, decode_concurrency=1,
+        max_tokens=args.max_tokens, chat_template_args=args.chat_template_args,
+        decode_concurrency=args.decode_concurrency,
         prompt_concurrency=1, prefill_step_size=args.prefill_step_size, prompt_cache_size=args.prompt_cache_size,
         prompt_cache_bytes=args.prompt_cache_bytes, kv_bits=None, kv_group_size=64,
         quantized_kv_start=mlx_server.DEFAULT_QUANTIZED_KV_START, pipeline=False, log_level=args.log_level)
 
 
 def check_mlx_lm() -> None:
-    """Refuse an mlx-lm whose single-sequence path no longer calls ``stream_generate`` (the seam used here)."""
-    if "stream_generate" not in mlx_server.ResponseGenerator._serve_single.__code__.co_names:
-        raise ValueError(f"mlx-lm {MLX_LM_VERSION}: ResponseGenerator._serve_single no longer calls stream_generate; "
-                         "ngram-spec serve supports mlx-lm >=0.32.0,<0.33 (pip install 'mlx-lm>=0.32.0,<0.33')")
+    """Refuse an mlx-lm whose single-sequence path no longer calls ``stream_generate`` or whose generation loop
+    no longer builds a ``BatchGenerator`` (the two names rebound here)."""
+    for method, name in (("_serve_single", "stream_generate"), ("_generate", "BatchGenerator")):
+        if name not in getattr(mlx_server.ResponseGenerator, method).__code__.co_names:
+            raise ValueError(f"mlx-lm {MLX_LM_VERSION}: ResponseGenerator.{method} no longer uses {name}; ngram-spec "
+                             "serve supports mlx-lm >=0.32.0,<0.33 (pip install 'mlx-lm>=0.32.0,<0.33')")
 
 
 def run_serve(args) -> int:
@@ -832,10 +924,11 @@ def run_serve(args) -> int:
     provider = InjectedModelProvider(cli_args, model, tokenizer, args.model_id, speculator)
     generator = SpecResponseGenerator(provider, HeldPromptCache(args.prompt_cache_size), n_ctx=n_ctx)
     log.info("serving %s as `%s` (context %s, speculation %s, draft %s, drafter %s, dynamic cache %s, suffix "
-             "history %s tokens); requests are served one at a time, as mlx_lm.server does with a draft model",
-             desc, args.model_id, n_ctx, "on" if speculator.speculative else "off",
+             "history %s tokens); %s", desc, args.model_id, n_ctx, "on" if speculator.speculative else "off",
              "auto" if args.draft_max is None else args.draft_max, args.drafter,
-             f"{args.dynamic} ({args.dynamic_scope})" if args.dynamic else "in memory", args.history_max_tokens)
+             f"{args.dynamic} ({args.dynamic_scope})" if args.dynamic else "in memory", args.history_max_tokens,
+             f"up to {args.decode_concurrency} requests decode together (one verify forward for all)"
+             if provider.is_batchable else f"requests are served one at a time ({provider.unbatched_reason})")
 
     def stop(signum, frame):
         raise KeyboardInterrupt

@@ -252,8 +252,9 @@ def test_generate_and_serve_re_run_before_importing_mlx_lm(argv):
     assert json.loads(out.stdout.splitlines()[-1]) == []
 
 
-@pytest.mark.parametrize("flag", [["--port", "70000"], ["--max-tokens", "0"], ["--draft-max", "-1"]],
-                         ids=["port", "max-tokens", "draft-max"])
+@pytest.mark.parametrize("flag", [["--port", "70000"], ["--max-tokens", "0"], ["--draft-max", "-1"],
+                                  ["--decode-concurrency", "0"]],
+                         ids=["port", "max-tokens", "draft-max", "decode-concurrency"])
 def test_serve_refuses_bad_arguments_before_re_running(flag):
     """A bad ``serve`` argument is one error line, exit 2, without the fast-BLAS re-run (and its note)
     first: the checks come before it."""

@@ -8,7 +8,10 @@ the server generates with) by a faulty one, then talks to it with the real ``ope
   request in flight or waiting answered with HTTP 500 (a streamed one with an error event), exit status 1;
 * a ``ValueError`` in the generation is that request's error (400) and the server keeps serving;
 * a native crash (SIGILL, as from a BLAS built for another CPU) leaves faulthandler's report in the log and
-  the process dies by the signal.
+  the process dies by the signal;
+* the same worker failure in the batched path (``--decode-concurrency 8``, the step of
+  ``mlx_backend.batch.generate.BatchSpeculativeDecoder`` replaced; the other tests run with 1, the
+  single-sequence path).
 """
 from __future__ import annotations
 
@@ -55,6 +58,20 @@ def faulty_step(*args, **kwargs):
 
 
 generate.ngram_speculative_generate_step = faulty_step
+
+import mlx_backend.batch.generate as batch_generate
+
+original_batch_step = batch_generate.BatchSpeculativeDecoder.step
+
+
+def faulty_batch_step(self):
+    if FAULT == "raise-batched":
+        time.sleep(1.5)  # the other requests have joined the batch by then
+        raise RuntimeError("injected failure in the batched step")
+    return original_batch_step(self)
+
+
+batch_generate.BatchSpeculativeDecoder.step = faulty_batch_step
 from mlx_backend.cli import main
 
 sys.exit(main(sys.argv[1:]))
@@ -77,7 +94,7 @@ def tiny_llama(tmp_path_factory):
 class FaultyServer:
     """The launcher serving ``model`` on a free port with ``fault`` injected; its stderr goes to ``log``."""
 
-    def __init__(self, tmp_path: Path, model: Path, fault: str, timeout: float = 60.0):
+    def __init__(self, tmp_path: Path, model: Path, fault: str, timeout: float = 60.0, concurrency: int = 1):
         self.port = free_port()
         launcher = tmp_path / "launch_faulty_server.py"
         launcher.write_text(LAUNCHER)
@@ -87,7 +104,8 @@ class FaultyServer:
         with open(self.log, "wb") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, str(launcher), "serve", "--model", str(model), "--port", str(self.port),
-                 "--blas", "bundled", "--draft-max", "3", "--log-level", "WARNING"],
+                 "--blas", "bundled", "--draft-max", "3", "--log-level", "WARNING",
+                 "--decode-concurrency", str(concurrency)],
                 stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=tmp_path)
         self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="unused",
                                     max_retries=0, timeout=30)
@@ -131,8 +149,8 @@ class FaultyServer:
 def start(tmp_path, tiny_llama):
     servers = []
 
-    def start(fault: str) -> FaultyServer:
-        servers.append(FaultyServer(tmp_path, tiny_llama, fault))
+    def start(fault: str, concurrency: int = 1) -> FaultyServer:
+        servers.append(FaultyServer(tmp_path, tiny_llama, fault, concurrency=concurrency))
         return servers[-1]
 
     yield start
@@ -177,6 +195,25 @@ def test_a_worker_failure_answers_every_request_logs_its_traceback_and_exits_1(s
     assert "Traceback (most recent call last)" in log and "in faulty_step" in log, log
     assert "RuntimeError: injected failure in the speculative step" in log, log
     assert "generation worker failed" in log, log
+
+
+def test_a_worker_failure_in_a_batch_answers_every_request_and_exits_1(start):
+    """The batched path (--decode-concurrency 8): the step fails while three requests decode together."""
+    server = start("raise-batched", concurrency=8)
+    client = server.client
+    calls = [lambda: client.chat.completions.create(model="default_model", messages=MESSAGES, max_tokens=8),
+             lambda: list(client.chat.completions.create(model="default_model", messages=MESSAGES, max_tokens=8,
+                                                         stream=True)),
+             lambda: client.completions.create(model="default_model", prompt="one two one two", max_tokens=8)]
+    with ThreadPoolExecutor(len(calls)) as pool:
+        results = [f.result() for f in [pool.submit(outcome, call) for call in calls]]
+    rc = server.wait()
+    log = server.text()
+    for r in results:
+        assert isinstance(r, openai.APIError) and not isinstance(r, openai.APIConnectionError), (r, log)
+        assert "RuntimeError: injected failure in the batched step" in r.message, (r, log)
+    assert rc == 1, log
+    assert "in faulty_batch_step" in log and "generation worker failed" in log, log
 
 
 def test_a_value_error_in_one_request_is_that_requests_error_and_the_server_keeps_serving(start):

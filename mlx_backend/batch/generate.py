@@ -1,0 +1,275 @@
+"""A small batched speculative decoder: several requests, each with its own drafter, verified in one forward.
+
+:class:`BatchSpeculativeDecoder` keeps one batched mlx-lm prompt cache for its active rows (the
+per-layer caches of mlx-lm's ``BatchGenerator``). :meth:`~BatchSpeculativeDecoder.add` prefills a new
+request alone in a fresh prompt cache and joins it to the batch with the caches' own ``merge`` and
+``extend``; :meth:`~BatchSpeculativeDecoder.step` runs ONE forward over every active row (its last
+token, then up to its own draft length of drafts; a row without drafts still advances a token),
+accepts per row with :func:`mlx_backend.decode.sampling.verify_drafts` (greedy: the drafts up to the
+first one that is not the argmax, then the model's own token; a sampler: the same exact speculative
+sampling as the solo path) and cuts every row back to its accepted prefix with
+:class:`mlx_backend.batch.verify.BatchVerifyCache` (no second forward). Rows finish at their
+``max_tokens`` or at a token of ``eos_token_ids`` and leave the batch (``filter``);
+:meth:`~BatchSpeculativeDecoder.remove` drops one early, the others untouched.
+
+Drafting follows the solo loop (:class:`mlx_backend.decode.generate._Run`): no drafts for a row's first
+token, later a proposal of at most ``min(k_max, max_tokens - emitted - 1)`` (``k_max``: the row's
+``draft_max``, or :data:`~mlx_backend.decode.draft_policy.DEFAULT_K_MAX` for ``draft_max=None``); the
+drafter is reset on the prompt and taught every emitted token. How much of the proposals a step
+verifies is one width S for all rows (:mod:`mlx_backend.batch.policy`: the forward costs B S token rows,
+padding included): the S with the most expected tokens per cost, from each cost-aware row's acceptance
+(learned per match length from all its proposals, as alone) and the verify-cost curve generation learns
+on this model and machine; rows with a fixed ``draft_max`` verify their whole proposal, as alone.
+``max_batch_tokens`` caps ``B S``, so one row's long draft cannot starve the others; each row keeps at
+least its own token (a budget below the number of rows still advances every row by one).
+
+For a server (:mod:`mlx_backend.batch.server_batch`): :meth:`~BatchSpeculativeDecoder.join` starts a row
+from a per-request prompt cache that already holds all its tokens but the last (a prompt cache reused
+from mlx-lm's LRU, then prefilled); each row may carry mlx-lm logits processors (they see the row's
+tokens so far, as :func:`~mlx_backend.decode.sampling.verify_drafts` gives them);
+:attr:`~BatchSpeculativeDecoder.last_logprobs` holds the log-probability vector of every token the
+last step emitted; :meth:`~BatchSpeculativeDecoder.extract` copies one row's cache out (mlx-lm's
+``extract``), and with ``keep_finished_caches`` a row that finishes leaves its cache in
+:attr:`~BatchSpeculativeDecoder.finished_caches`. Not here: the cost-aware draft-length policy.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Optional, Union
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import make_prompt_cache
+
+from mlx_backend.batch.policy import expected_tokens, relative_costs, width
+from mlx_backend.batch.verify import BatchVerifyCache
+from mlx_backend.decode.draft_policy import DEFAULT_K_MAX, DraftPolicy, learned_costs
+from mlx_backend.decode.generate import check_prompt, run_drafter, vocab_size
+from mlx_backend.decode.rollback import RollbackUnsupported
+from mlx_backend.decode.sampling import verify_drafts
+from reference.drafter import Drafter
+from reference.speculative import in_vocab
+
+
+def check_batchable(cache: list[Any]) -> None:
+    """Refuse a per-request prompt cache with a layer mlx-lm has no batched form of (no ``merge``)."""
+    for i, c in enumerate(cache):
+        if not hasattr(c, "merge"):
+            raise RollbackUnsupported(f"cache {i} ({type(c).__name__}) has no batched form in mlx-lm (no "
+                                      f"merge): decode this model one request at a time (mlx_backend.decode.generate)")
+
+
+@dataclass
+class _Row:
+    """One request in the batch: its tokens so far (``history``; the last one is the next step's input)."""
+
+    uid: int
+    history: list[int]
+    max_tokens: int
+    drafter: Any
+    draft_max: Optional[int]   # None: the cost-aware width (mlx_backend.batch.policy), drafts up to DEFAULT_K_MAX
+    sampler: Optional[Callable]
+    logits_processors: Optional[list] = None
+    policy: Optional[DraftPolicy] = None   # the row's acceptance by match length (cost-aware rows)
+    match: int = 0                         # the drafter's match length for the last proposal
+    proposal: list[int] = field(default_factory=list)
+    n_out: int = 0
+    n_drafted: int = 0
+    n_accept: int = 0
+    output: list[int] = field(default_factory=list)
+
+    def room(self) -> int:
+        """Drafts this row may verify in the next step (the solo loop's rule, ``_Run.room``)."""
+        if self.n_out == 0 or self.drafter is None:
+            return 0
+        k_max = DEFAULT_K_MAX if self.draft_max is None else self.draft_max
+        return max(0, min(k_max, self.max_tokens - self.n_out - 1))
+
+    def expected(self) -> list[float]:
+        """E(0..n) for this step's proposal of n tokens (a fixed-length row: 1 whatever n, it does not choose)."""
+        if self.policy is None:
+            return [1.0] * (len(self.proposal) + 1)
+        return expected_tokens(self.policy.acceptance(self.match), len(self.proposal))
+
+
+class BatchSpeculativeDecoder:
+    """Speculative decoding of several requests at once with ``model`` (see the module docstring).
+
+    ``eos_token_ids``: tokens that end a row (the EOS is part of its output). ``max_batch_tokens``: the
+    per-step cap on the forward's tokens, rows times width (None: no cap). ``gdn_path``: :data:`mlx_backend.decode.rollback.GDN_PATHS`.
+    """
+
+    def __init__(self, model: nn.Module, *, eos_token_ids: Iterable[int] = (), max_batch_tokens: Optional[int] = None,
+                 prefill_step_size: int = 2048, gdn_path: Optional[str] = None, keep_finished_caches: bool = False):
+        if max_batch_tokens is not None and max_batch_tokens < 1:
+            raise ValueError(f"max_batch_tokens must be >= 1 or None, got {max_batch_tokens}")
+        if prefill_step_size < 1:
+            raise ValueError(f"prefill_step_size must be >= 1, got {prefill_step_size}")
+        self.model, self.eos = model, set(int(t) for t in eos_token_ids)
+        self.max_batch_tokens, self.prefill_step_size, self.gdn_path = max_batch_tokens, prefill_step_size, gdn_path
+        self.n_vocab = vocab_size(model)
+        self.rows: list[_Row] = []          # the active rows, in batch order
+        self.cache: Optional[list[Any]] = None
+        self.verifier: Optional[BatchVerifyCache] = None
+        self.finished: dict[int, str] = {}  # uid -> "length" | "stop"
+        self.keep_finished_caches = keep_finished_caches
+        self.finished_caches: dict[int, list[Any]] = {}   # uid -> the row's cache at its finish (keep_finished_caches)
+        self.last_logprobs: dict[int, list[mx.array]] = {}  # uid -> [V] log-probabilities of each token of the last step
+        self.n_forward = self.n_drafted = self.n_accept = 0   # verify forwards; drafts verified / accepted
+        self._uids = itertools.count()
+        self.step_costs = learned_costs(model, DEFAULT_K_MAX + 1, gdn_path)   # c(S), shared with solo generation
+
+    @property
+    def active(self) -> list[int]:
+        """The uids of the rows still decoding, in batch order."""
+        return [r.uid for r in self.rows]
+
+    def add(self, prompt_ids, *, max_tokens: int, drafter: Union[Drafter, str, None] = None,
+            draft_max: Optional[int] = None,
+            sampler: Optional[Callable] = None, logits_processors: Optional[list] = None) -> int:
+        """Prefill a new request alone and join it to the batch; returns its uid. ``drafter``: None
+        (``"auto"``), a name (``"auto"``, ``"lookup"``, ``"suffix"``) or a Drafter; ``draft_max``: None the
+        cost-aware width, k verify every proposal of up to k tokens, 0 no drafts."""
+        prompt = [int(t) for t in (prompt_ids.tolist() if isinstance(prompt_ids, mx.array) else prompt_ids)]
+        check_prompt(prompt, self.model)
+        self._check_args(max_tokens, draft_max)
+        d = run_drafter(drafter, draft_max)   # before touching the batch: an unknown name changes nothing
+        cache = make_prompt_cache(self.model)
+        check_batchable(cache)
+        for start in range(0, len(prompt) - 1, self.prefill_step_size):
+            chunk = prompt[start:min(start + self.prefill_step_size, len(prompt) - 1)]
+            self.model(mx.array(chunk, mx.uint32)[None], cache=cache)
+            mx.eval([c.state for c in cache])
+        return self.join(cache, prompt, max_tokens=max_tokens, drafter=d, draft_max=draft_max, sampler=sampler,
+                         logits_processors=logits_processors)
+
+    @staticmethod
+    def _check_args(max_tokens: int, draft_max: Optional[int]) -> None:
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        if draft_max is not None and draft_max < 0:
+            raise ValueError(f"draft_max must be >= 0 or None (the cost-aware width), got {draft_max}")
+
+    def join(self, cache: list[Any], history: list[int], *, max_tokens: int, drafter: Optional[Drafter],
+             draft_max: Optional[int], sampler: Optional[Callable] = None,
+             logits_processors: Optional[list] = None) -> int:
+        """Join a row whose per-request prompt cache ``cache`` (``make_prompt_cache``'s kinds) holds
+        ``history[:-1]`` (its whole prompt but the last token, which the row's first step feeds); returns its
+        uid. ``drafter``: a Drafter (reset here on ``history``) or None (no drafts)."""
+        history = [int(t) for t in history]
+        check_prompt(history, self.model)
+        self._check_args(max_tokens, draft_max)
+        check_batchable(cache)
+        merged = [c.merge([c]) for c in cache]   # this row as a batch of one (BatchKVCache, ...)
+        if self.cache is None:   # the verifier first: an unsupported cache raises before anything changes
+            self.verifier = BatchVerifyCache(self.model, merged, self.gdn_path)
+            self.cache = merged
+        else:
+            for c, new in zip(self.cache, merged):
+                c.extend(new)
+        if drafter is not None:
+            drafter.reset(list(history))
+        policy = DraftPolicy([1.0] * (DEFAULT_K_MAX + 1)) if drafter is not None and draft_max is None else None
+        row = _Row(next(self._uids), history, max_tokens, drafter, draft_max, sampler, logits_processors, policy)
+        self.rows.append(row)
+        return row.uid
+
+    def extract(self, uid: int) -> list[Any]:
+        """A copy of row ``uid``'s cache as per-request caches (mlx-lm's ``extract``: ``KVCache``,
+        ``RotatingKVCache``, ``ArraysCache``), holding the row's ``history[:-1]``."""
+        index = [i for i, r in enumerate(self.rows) if r.uid == uid]
+        if not index:
+            raise KeyError(f"no active row {uid}")
+        return [c.extract(index[0]) for c in self.cache]
+
+    def remove(self, uid: int) -> None:
+        """Drop row ``uid`` from the batch (the other rows' caches are untouched)."""
+        index = [i for i, r in enumerate(self.rows) if r.uid == uid]
+        if not index:
+            raise KeyError(f"no active row {uid}")
+        self._drop(index)
+
+    def _drop(self, index: list[int]) -> None:
+        keep = [i for i in range(len(self.rows)) if i not in index]
+        self.rows = [self.rows[i] for i in keep]
+        if not keep:   # mlx-lm's filter cannot leave zero rows: start afresh at the next add
+            if self.verifier is not None:
+                self.verifier.close()
+            self.cache = self.verifier = None
+            return
+        for c in self.cache:
+            c.filter(mx.array(keep))
+
+    def _propose(self) -> None:
+        """Each row's proposal for this step (``row.proposal``) and the match length it was drafted on."""
+        for r in self.rows:
+            n = r.room()
+            r.proposal = in_vocab([int(t) for t in r.drafter.draft(n)[:n]], self.n_vocab) if n else []
+            r.match = (getattr(r.drafter, "match_length", 0) or 0) if r.proposal else 0
+
+    def _width(self) -> int:
+        """The step's width S (:func:`mlx_backend.batch.policy.width`): rows with a fixed draft length verify
+        their whole proposal, the others as much as pays at the learned costs."""
+        n = [len(r.proposal) for r in self.rows]
+        s_min = 1 + max((k for r, k in zip(self.rows, n) if r.policy is None), default=0)
+        rel = relative_costs(self.step_costs, len(n) * (1 + max(n)))
+        return width([r.expected() for r in self.rows], n, rel, s_min=s_min, max_batch_tokens=self.max_batch_tokens)
+
+    def step(self) -> dict[int, list[int]]:
+        """One forward for every active row; returns each row's new tokens (uid -> tokens). Rows that
+        finish (max_tokens, EOS) leave the batch; :attr:`finished` says why."""
+        if not self.rows:
+            return {}
+        self._propose()
+        S = self._width()
+        drafts = [r.proposal[:S - 1] for r in self.rows]
+        lengths = [1 + len(d) for d in drafts]
+        S = max(lengths)
+        tokens = [[r.history[-1]] + d + [0] * (S - 1 - len(d)) for r, d in zip(self.rows, drafts)]
+        logits = self.verifier.forward(tokens, lengths)
+        self.n_forward += 1
+        accepted, self.last_logprobs = [], {}
+        for b, (r, d) in enumerate(zip(self.rows, drafts)):
+            emitted, logprobs, n_accept = verify_drafts(logits[b, :lengths[b]], d, r.sampler, r.logits_processors,
+                                                        r.history)
+            accepted.append((emitted, n_accept))
+            self.last_logprobs[r.uid] = logprobs
+        self.verifier.keep([1 + n for _, n in accepted])
+        return self._learn(drafts, accepted)
+
+    def _learn(self, drafts, accepted) -> dict[int, list[int]]:
+        out, done = {}, []
+        for i, (r, d, (emitted, n_accept)) in enumerate(zip(self.rows, drafts, accepted)):
+            r.n_drafted += len(d)
+            r.n_accept += n_accept
+            self.n_drafted += len(d)
+            self.n_accept += n_accept
+            if r.policy is not None:
+                r.policy.observe(r.proposal, emitted, r.match)
+            if r.drafter is not None:
+                r.drafter.extend(emitted)
+            r.history.extend(emitted)
+            cut = next((j + 1 for j, t in enumerate(emitted) if t in self.eos), len(emitted))
+            new = emitted[:min(cut, r.max_tokens - r.n_out)]
+            r.n_out += len(new)
+            r.output.extend(new)
+            out[r.uid] = new
+            if new and new[-1] in self.eos:
+                self.finished[r.uid] = "stop"
+            elif r.n_out >= r.max_tokens:
+                self.finished[r.uid] = "length"
+            if r.uid in self.finished:
+                done.append(i)
+        if done:
+            if self.keep_finished_caches:
+                for i in done:
+                    self.finished_caches[self.rows[i].uid] = [c.extract(i) for c in self.cache]
+            self._drop(done)
+        return out
+
+    def close(self) -> None:
+        """Give the model's GDN layers their own class back (the decoder is unusable afterwards)."""
+        if self.verifier is not None:
+            self.verifier.close()
+        self.rows, self.cache, self.verifier = [], None, None

@@ -1,0 +1,85 @@
+"""The width of a batched verify forward: one S for every row, chosen for the batch's token rate.
+
+A batched verify forward runs B rows of S tokens (a row's last token, then up to S - 1 drafts, right-padded
+to S): it costs what a forward over ``B * S`` token rows costs, padding included, whatever each row drafts.
+So S is the one choice: given S, every row drafts ``min(n_b, S - 1)`` of its proposal (a draft in the
+padding's place costs nothing more). With ``E_b(n)`` the tokens row b emits on average from n drafts (its
+own acceptance, learned per match-length bucket exactly as the single-sequence policy learns it:
+:meth:`mlx_backend.decode.draft_policy.DraftPolicy.expected_tokens`) and ``c(T)`` the cost of a forward
+over T token rows, the policy takes
+
+    S* = argmax_S  sum_b E_b(min(n_b, S - 1)) / c(B S),      S = S_min .. 1 + max_b n_b,
+
+(S = 1: every row one plain token; ties to the narrower) within the per-step token budget
+``B S <= max_batch_tokens``. ``S_min`` is 1, or ``1 + k`` for rows that asked for a fixed draft length k
+(``draft_max=k``: they verify every proposal up to k, as alone). A wide batch makes long drafts dearer by
+itself, through ``c(B S)``: on free text (E_b(n) ~ 1) it decodes plainly, on edits it drafts as far as
+the rows' copies are worth it.
+
+``c(T)`` relative to ``c(1)`` is the verify-cost curve that single-sequence generation learns on this model
+and machine (:func:`mlx_backend.decode.draft_policy.learned_costs`, S = 1..65): B rows of S tokens read
+the weights once for B S token rows, as one sequence of B S tokens does (attention over each row's own
+keys is the difference, small at short contexts). Beyond the curve's end it grows with the slope of its
+upper half (at least :data:`~mlx_backend.decode.draft_policy.PRIOR_SLOPE` a token); before any step was
+timed it is the prior ``1 + PRIOR_SLOPE (T - 1)``.
+
+>>> width([[1.0, 1.9, 2.7], [1.0, 1.1, 1.15]], [2, 2], [1.0, 1.1, 1.2, 1.3, 1.4, 1.5])   # one row copies well
+3
+>>> width([[1.0, 1.1, 1.15], [1.0, 1.1, 1.15]], [2, 2], [1.0, 1.1, 1.2, 1.3, 1.4, 1.5])  # neither does
+1
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from mlx_backend.decode.draft_policy import PRIOR_SLOPE, StepCosts
+
+
+def expected_tokens(acceptance: Sequence[float], n: int) -> list[float]:
+    """``[E(0), ..., E(n)]`` with ``E(j) = 1 + sum_{i<=j} prod_{l<=i} a_l`` (a row's acceptance ``a_1, a_2, ...``;
+    n at most ``len(acceptance)``), the single-sequence policy's E (:mod:`mlx_backend.decode.draft_policy`).
+
+    >>> expected_tokens([0.5, 0.5], 2)
+    [1.0, 1.5, 1.75]
+    """
+    out, run = [1.0], 1.0
+    for a in acceptance[:n]:
+        run *= a
+        out.append(out[-1] + run)
+    return out
+
+
+def width(expected: Sequence[Sequence[float]], n_available: Sequence[int], rel_cost: Sequence[float], *,
+          s_min: int = 1, max_batch_tokens: Optional[int] = None) -> int:
+    """S* of the module docstring: ``expected[b][n]`` = E_b(n) for n = 0..n_available[b], ``rel_cost[T - 1]``
+    = c(T) / c(1) for T = 1..B * (1 + max n) at least."""
+    B = len(expected)
+    s_max = 1 + max(n_available, default=0)
+    if max_batch_tokens is not None:
+        s_max = min(s_max, max(1, max_batch_tokens // max(B, 1)))
+    s_min = min(max(s_min, 1), s_max)
+    best, best_rate = s_min, -1.0
+    for S in range(s_min, s_max + 1):
+        tokens = sum(e[min(n, S - 1)] for e, n in zip(expected, n_available))
+        rate = tokens / rel_cost[B * S - 1]
+        if rate > best_rate * (1 + 1e-9):
+            best, best_rate = S, rate
+    return best
+
+
+def relative_costs(step_costs: Optional[StepCosts], t_max: int) -> list[float]:
+    """``c(T) / c(1)`` for T = 1..t_max from the single-sequence curve ``step_costs`` (None, or nothing timed
+    yet: the prior), extended beyond its end with the slope of its upper half, at least PRIOR_SLOPE.
+
+    >>> relative_costs(None, 3)
+    [1.0, 1.25, 1.5]
+    """
+    estimate = step_costs.estimate() if step_costs is not None else None
+    if estimate is None:
+        return [1.0 + PRIOR_SLOPE * (T - 1) for T in range(1, t_max + 1)]
+    costs = estimate[0]
+    rel = [c / costs[0] for c in costs]
+    half = len(rel) // 2
+    slope = max((rel[-1] - rel[half]) / max(len(rel) - 1 - half, 1), PRIOR_SLOPE)
+    rel += [rel[-1] + slope * (T - len(costs)) for T in range(len(costs) + 1, t_max + 1)]
+    return rel[:t_max]

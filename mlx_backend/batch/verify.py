@@ -1,0 +1,202 @@
+"""Verify forwards over a *batch* of sequences, each then cut back to its own accepted prefix, exactly.
+
+A batched verify forward runs the model over ``tokens [B, S]``: row b holds ``lengths[b]`` real
+tokens (its last emitted token, then its drafts), right-padded to S. Afterwards row b may keep only
+its first ``m[b]`` tokens (``1 <= m[b] <= lengths[b]``). :class:`BatchVerifyCache` does both over
+the batched prompt cache of mlx-lm's ``BatchGenerator`` (per-layer caches built with the caches'
+own ``merge`` of per-request caches, grown with ``extend``, shrunk with ``filter``):
+
+* ``BatchKVCache`` (attention): the forward is mlx-lm's own. Row b's queries sit at RoPE positions
+  ``offset[b] .. offset[b] + S - 1`` (``offset`` is a per-row array) and the cache's causal mask
+  (``create_causal_mask(N, offset=_idx, left_padding)``) lets a real query see only the keys up to
+  itself, so the right padding after a row's real tokens never reaches them. ``keep(m)`` first
+  trims ``min_b (S - m[b])`` rows from every row (``trim``: ``_idx`` and ``offset`` go back), then
+  declares each row's remaining surplus ``S - m[b] - min`` as right padding and finalizes: this is
+  mlx-lm's own right-padding mechanism (``prepare(right_padding=...)`` then ``finalize()``, used by
+  ``BatchGenerator`` for right-padded prompts): the rows are rolled right by their padding (the
+  surplus keys wrap into the masked left-padding region), ``left_padding`` grows and ``offset``
+  shrinks by it. Row b's next token then sits at position ``offset[b]`` = its real length and sees
+  exactly its real keys: what m[b] one-token steps would have left (no second forward).
+* ``ArraysCache(size=2)`` of a GatedDeltaNet layer (qwen3_5, qwen3_5_moe, qwen3_next; recognised by
+  :func:`mlx_backend.decode.rollback.gdn_projections`): the verify forward runs the recording layer of
+  :mod:`mlx_backend.decode.rollback` (one token at a time, every per-token recurrent state kept, or
+  the "replay" path), which is batch-agnostic; the right padding of a row comes after its real
+  tokens, so (the recurrence being causal) its states up to ``lengths[b]`` are unaffected.
+  ``keep(m)`` sets row b's conv window to ``conv_input[b, m[b] : m[b] + K - 1]`` and its recurrent
+  state to the recorded state after token m[b]. The cache must carry no ``lengths`` and no nonzero
+  ``left_padding`` (mlx-lm's masks for padded prefill); an all-zero ``left_padding`` (what ``merge``
+  of empty caches leaves) is the same as none and is dropped.
+* ``BatchRotatingKVCache`` (sliding-window layers): not written during the forward, each query masked
+  to what its one-token step sees, then rebuilt as ``merge`` would leave it
+  (:mod:`mlx_backend.batch.rotating`).
+* Everything else raises :class:`~mlx_backend.decode.rollback.RollbackUnsupported` naming the cache
+  class: unbatched caches (``KVCache``, ``RotatingKVCache``: merge per-request caches first),
+  quantized and chunked caches, ``ArraysCache`` of other recurrent layers, custom caches.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import ArraysCache, BatchKVCache, BatchRotatingKVCache, CacheList
+
+from mlx_backend.decode.rollback import (GDN_PATHS, RollbackUnsupported, attach, checkpoint_interval,
+                                         default_gdn_path, detach, gdn_layer, gdn_projections)
+from mlx_backend.batch.rotating import _VerifyingRotating, keep_rows
+
+#: Compact the attention caches (drop the columns that are left padding in every row) once every
+#: row carries at least this many of them (``BatchKVCache.filter`` over all rows does it).
+COMPACT_AT = 64
+
+
+def _unsupported(i: int, c: Any) -> RollbackUnsupported:
+    name = type(c).__name__
+    if name in ("KVCache", "RotatingKVCache"):
+        how = ("a per-request cache: build the batch cache with the cache's own merge([...]) "
+               "(BatchKVCache / BatchRotatingKVCache)")
+    else:
+        how = "no exact batched rollback is known for it; decode this model one request at a time"
+    return RollbackUnsupported(f"cache {i} ({name}): {how}")
+
+
+class BatchVerifyCache:
+    """A model and its batched prompt cache, for verify forwards cut back per row (module docstring).
+
+    ``cache`` is the list of per-layer batch caches (``BatchKVCache``, ``BatchRotatingKVCache``, GDN
+    ``ArraysCache``), updated in place; caches grown with ``extend`` or shrunk with ``filter`` between forwards stay valid. Each
+    :meth:`keep` leaves up to ``max(m) - m[b]`` more left-padding columns in row b; once every row has
+    ``compact_at`` of them they are dropped (``BatchKVCache.filter`` over all rows, mlx-lm's own shift).
+    """
+
+    def __init__(self, model: nn.Module, cache: list[Any], gdn_path: str | None = None,
+                 compact_at: int | None = None):
+        gdn_path = gdn_path or default_gdn_path()
+        if gdn_path not in GDN_PATHS:
+            raise ValueError(f"gdn_path must be one of {GDN_PATHS}, got {gdn_path!r}")
+        compact_at = COMPACT_AT if compact_at is None else compact_at
+        if compact_at < 1:
+            raise ValueError(f"compact_at must be >= 1, got {compact_at}")
+        self.model, self.cache, self.gdn_path, self.compact_at = model, cache, gdn_path, compact_at
+        self.kv: list[BatchKVCache] = []
+        self.rotating: list[BatchRotatingKVCache] = []
+        self.gdn: list[tuple[nn.Module, ArraysCache]] = []
+        layers = list(getattr(model, "layers", []))
+        for i, top in enumerate(cache):
+            layer = layers[i] if len(layers) == len(cache) else None
+            for c in (top.caches if isinstance(top, CacheList) else [top]):
+                if isinstance(c, BatchKVCache):
+                    self.kv.append(c)
+                elif isinstance(c, BatchRotatingKVCache):
+                    self.rotating.append(attach(c, _VerifyingRotating))
+                elif type(c) is ArraysCache:
+                    gdn = gdn_layer(layer) if layer is not None else None
+                    if gdn is None or gdn_projections(gdn) is None:
+                        raise RollbackUnsupported(
+                            f"cache {i} (ArraysCache) belongs to a recurrent layer "
+                            f"({type(gdn or layer).__name__}) that is not a known GatedDeltaNet; "
+                            f"batched rollback needs recorded per-token states: decode one request at a time")
+                    self.gdn.append((gdn, c))
+                else:
+                    raise _unsupported(i, c)
+        self.S = 0
+        self.lengths: list[int] | None = None
+        self.state_bytes = sum(4 * g.num_v_heads * g.head_v_dim * g.head_k_dim for g, _ in self.gdn)
+
+    @property
+    def batch_size(self) -> int:
+        for c in self.kv + self.rotating:
+            return int(c.offset.shape[0])
+        for _, c in self.gdn:
+            return c.batch_size
+        return 0
+
+    def _check_state(self) -> None:
+        for c in self.kv + self.rotating:
+            if getattr(c, "_right_padding", None) is not None or getattr(c, "_lengths", None) is not None:
+                raise RollbackUnsupported(f"a {type(c).__name__} has a right-padded prefill pending: "
+                                          f"finalize() it before a verify forward")
+        for _, c in self.gdn:
+            if c.lengths is not None:
+                raise RollbackUnsupported("a GatedDeltaNet ArraysCache has `lengths` set (a right-padded "
+                                          "prefill in progress): finalize() it before a verify forward")
+            if c.left_padding is not None:
+                if max(c.left_padding.tolist(), default=0) != 0:
+                    raise RollbackUnsupported("a GatedDeltaNet ArraysCache has nonzero left_padding (a "
+                                              "left-padded prefill): prefill rows alone, then merge")
+                c.left_padding = None   # all zero: the same as no mask
+
+    def forward(self, tokens, lengths: Sequence[int]) -> mx.array:
+        """Logits ``[B, S, vocab]`` of the model over ``tokens [B, S]`` (row b: ``lengths[b]`` real tokens,
+        right-padded), recording what :meth:`keep` needs. Logits past a row's length are meaningless."""
+        tokens = tokens if isinstance(tokens, mx.array) else mx.array(tokens, dtype=mx.uint32)
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens must be [B, S], got shape {tokens.shape}")
+        B, S = tokens.shape
+        lengths = [int(n) for n in lengths]
+        if len(lengths) != B or any(not 1 <= n <= S for n in lengths):
+            raise ValueError(f"lengths must hold B = {B} values in 1..S = {S}, got {lengths}")
+        if self.batch_size and self.batch_size != B:
+            raise ValueError(f"tokens hold {B} rows but the cache holds {self.batch_size}")
+        self._check_state()
+        every = checkpoint_interval(S, self.state_bytes * B)
+        for layer, _ in self.gdn:
+            attach(layer)
+            layer._ngram_path, layer._ngram_every, layer._ngram_record = self.gdn_path, every, None
+        for c in self.rotating:
+            attach(c, _VerifyingRotating)._ngram_verify = True
+        try:
+            logits = self.model(tokens, cache=self.cache)
+        finally:
+            for layer, _ in self.gdn:
+                layer._ngram_path = None
+            for c in self.rotating:
+                c._ngram_verify = False
+        self.S, self.lengths = S, lengths
+        return logits
+
+    def keep(self, m: Sequence[int]) -> None:
+        """Cut row b back to the first ``m[b]`` tokens of the last :meth:`forward` (``1 <= m[b] <= lengths[b]``)."""
+        if self.lengths is None:
+            raise ValueError("keep() needs a forward() first")
+        m = [int(x) for x in m]
+        if len(m) != len(self.lengths) or any(not 1 <= a <= n for a, n in zip(m, self.lengths)):
+            raise ValueError(f"keep(m) needs 1 <= m[b] <= lengths[b] = {self.lengths}, got {m}")
+        S = self.S
+        surplus = [S - a for a in m]
+        common = min(surplus)
+        for c in self.kv:
+            if common:
+                c.trim(common)
+            rest = [s - common for s in surplus]
+            if max(rest) > 0:
+                c.prepare(right_padding=rest)
+                c.finalize()
+        for c in self.rotating:
+            keep_rows(c, m)
+        for layer, c in self.gdn:
+            self._keep_gdn(layer, c, m)
+            layer._ngram_record = None
+        self.S, self.lengths = 0, None
+        self._compact()
+
+    @staticmethod
+    def _keep_gdn(layer, c: ArraysCache, m: list[int]) -> None:
+        rec = layer._ngram_record
+        K = layer.conv_kernel_size
+        rows = mx.array(m)[:, None] + mx.arange(K - 1)[None]            # [B, K-1] conv window rows
+        c[0] = mx.take_along_axis(rec.conv_input, rows[..., None], axis=1)
+        states = {a: rec.state_after(a, layer) for a in sorted(set(m))}   # one per distinct m
+        picked = [states[a][b:b + 1] for b, a in enumerate(m)]
+        c[1] = mx.concatenate(picked, axis=0) if len(picked) > 1 else picked[0]
+
+    def _compact(self) -> None:
+        """Drop the leading columns that are padding in every row once there are ``compact_at`` of them."""
+        for c in self.kv:
+            if c.keys is not None and min(c.left_padding.tolist()) >= self.compact_at:
+                c.filter(mx.arange(c.left_padding.shape[0]))
+
+    def close(self) -> None:
+        """Give the GDN layers and the sliding-window caches their own class back."""
+        for obj in [layer for layer, _ in self.gdn] + self.rotating:
+            detach(obj)

@@ -1,0 +1,267 @@
+"""BatchSpeculativeDecoder: rows added at different steps, one removed mid-way, each finished row's greedy
+tokens are plain greedy decoding of its prompt alone (mlx-lm's generate_step); a divergence is allowed
+only at a proven near-tie. Also the token budget, EOS, sampled rows and argument errors."""
+from __future__ import annotations
+
+import functools
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+from mlx_lm.generate import generate_step
+from mlx_lm.sample_utils import make_sampler
+
+from mlx_backend.batch.generate import BatchSpeculativeDecoder
+from mlx_backend.decode.generate import ngram_speculative_generate_step
+from mlx_backend.decode.rollback import RollbackUnsupported
+from mlx_backend.decode.sampling import Sampler
+from mlx_backend.models.tiny import tiny_model
+
+NEAR_TIE = 1e-3   # top-2 log-probability gap under which two tokens count as tied in float32
+
+PROMPTS = [
+    [1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 1, 2, 3],   # repetitive: drafts get accepted
+    [7],                                          # a one-token prompt (empty cache at merge)
+    [9, 8, 7, 6, 9, 8, 7, 6, 9, 8, 7],
+    [30, 31, 32, 33, 34, 35, 36, 37, 38],
+]
+
+
+@functools.cache
+def model_of(arch: str):
+    return tiny_model(arch, seed=1)
+
+
+@functools.cache
+def plain_greedy(arch: str, prompt: tuple, max_tokens: int):
+    """mlx-lm's plain greedy tokens and the log-probability rows they came from."""
+    out = list(generate_step(mx.array(prompt), model_of(arch), max_tokens=max_tokens, sampler=make_sampler(0.0)))
+    return [int(t) for t, _ in out], [lp for _, lp in out]
+
+
+def assert_greedy_equal(arch, prompt, max_tokens, got, prefix=False):
+    """``got`` == plain greedy (or a prefix of it), except for a divergence at a proven near-tie."""
+    plain, logprobs = plain_greedy(arch, tuple(prompt), max_tokens)
+    if prefix:
+        plain = plain[:len(got)]
+    assert len(got) == len(plain), (plain, got)
+    for i, (a, b) in enumerate(zip(plain, got)):
+        if a != b:
+            top2 = mx.sort(logprobs[i])[-2:].tolist()
+            gap = top2[1] - top2[0]
+            assert gap < NEAR_TIE, f"token {i}: plain {a} != batch {b} with top-2 gap {gap:.3g}"
+            assert logprobs[i][b].item() >= top2[0], f"token {i}: batch {b} is not among plain's top 2"
+            return i
+    return None
+
+
+def run_schedule(dec, schedule, remove_at=None):
+    """Drive ``dec``: ``schedule`` maps a step number to the rows to add then ((prompt, kwargs) pairs);
+    ``remove_at`` = (step, index into the added rows). Returns (uids in add order, tokens per uid)."""
+    uids, out, step = [], {}, 0
+    while dec.rows or any(s >= step for s in schedule):
+        for prompt, kwargs in schedule.get(step, []):
+            uids.append(dec.add(prompt, **kwargs))
+            out[uids[-1]] = []
+        if remove_at is not None and step == remove_at[0]:
+            dec.remove(uids[remove_at[1]])
+        for uid, tokens in dec.step().items():
+            out[uid] += tokens
+        step += 1
+    return uids, out
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3_5", "qwen3_next", "gemma3_text"])
+def test_rows_equal_plain_greedy(arch):
+    model = model_of(arch)
+    dec = BatchSpeculativeDecoder(model)
+    n = [30, 20, 24, 16]
+    schedule = {0: [(PROMPTS[0], dict(max_tokens=n[0], drafter="suffix")),
+                    (PROMPTS[1], dict(max_tokens=n[1], drafter="lookup"))],
+                2: [(PROMPTS[2], dict(max_tokens=n[2]))],                     # auto
+                4: [(PROMPTS[3], dict(max_tokens=n[3], drafter="suffix", draft_max=3))]}
+    uids, out = run_schedule(dec, schedule, remove_at=(5, 1))
+    for i in (0, 2, 3):
+        assert dec.finished[uids[i]] == "length"
+        assert_greedy_equal(arch, PROMPTS[i], n[i], out[uids[i]])
+    assert uids[1] not in dec.finished and 0 < len(out[uids[1]]) < n[1]
+    assert_greedy_equal(arch, PROMPTS[1], n[1], out[uids[1]], prefix=True)
+    assert dec.n_forward < sum(len(t) for t in out.values()) and dec.n_accept > 0   # shared forwards, accepted drafts
+    assert dec.rows == [] and dec.cache is None
+    dec.close()
+
+
+class OracleDrafter:
+    """Drafts plain greedy's own continuation ``truth``, made wrong at one position in every ``every``-th
+    call (cycling through positions), so rows accept long and varied prefixes; past ``truth``: token 0."""
+
+    def __init__(self, truth, every=3):
+        self.truth, self.calls, self.every = list(truth), 0, every
+
+    def reset(self, prompt):
+        self.n_prompt, self.seen = len(prompt), list(prompt)
+
+    def draft(self, k):
+        at = len(self.seen) - self.n_prompt
+        out = (self.truth[at:at + k] + [0] * k)[:k]
+        self.calls += 1
+        if out and self.calls % self.every == 0:
+            i = (self.calls // self.every) % len(out)
+            out[i] = (out[i] + 1) % 64
+        return out
+
+    def extend(self, tokens):
+        self.seen.extend(tokens)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3_5", "qwen3_next", "gemma3_text"])
+def test_rows_with_long_accepted_drafts_equal_plain_greedy(arch):
+    """Drafters that know the answer (with planted errors): every row accepts long, different prefixes
+    in the same forward, so every keep(m) cuts the rows at different places."""
+    dec = BatchSpeculativeDecoder(model_of(arch))
+    n = [30, 20, 24, 16]
+    oracle = [OracleDrafter(plain_greedy(arch, tuple(p), k)[0]) for p, k in zip(PROMPTS, n)]
+    schedule = {0: [(PROMPTS[0], dict(max_tokens=n[0], drafter=oracle[0], draft_max=7)),
+                    (PROMPTS[1], dict(max_tokens=n[1], drafter=oracle[1], draft_max=5))],
+                1: [(PROMPTS[2], dict(max_tokens=n[2], drafter=oracle[2], draft_max=3))],
+                3: [(PROMPTS[3], dict(max_tokens=n[3], drafter=oracle[3], draft_max=6))]}
+    uids, out = run_schedule(dec, schedule, remove_at=(4, 2))
+    for i in (0, 1, 3):
+        assert dec.finished[uids[i]] == "length"
+        assert_greedy_equal(arch, PROMPTS[i], n[i], out[uids[i]])
+    assert_greedy_equal(arch, PROMPTS[2], n[2], out[uids[2]], prefix=True)
+    assert dec.n_accept > dec.n_drafted // 2 and dec.n_accept < dec.n_drafted
+
+
+def test_a_row_alone_after_the_batch_emptied():
+    """Every row gone (the batch cache is dropped), then a new row starts a new batch."""
+    model = model_of("llama")
+    dec = BatchSpeculativeDecoder(model)
+    _, out = run_schedule(dec, {0: [(PROMPTS[2], dict(max_tokens=5))]})
+    uid = dec.add(PROMPTS[0], max_tokens=12, drafter="suffix")
+    got = []
+    while dec.rows:
+        got += dec.step()[uid]
+    assert_greedy_equal("llama", PROMPTS[0], 12, got)
+    assert_greedy_equal("llama", PROMPTS[2], 5, next(iter(out.values())))
+
+
+def test_budget_caps_every_forward_and_keeps_greedy():
+    model = model_of("qwen3_5")
+    dec = BatchSpeculativeDecoder(model, max_batch_tokens=7)
+    seen = []
+    schedule = {0: [(PROMPTS[0], dict(max_tokens=24, drafter="suffix", draft_max=8)),
+                    (PROMPTS[2], dict(max_tokens=24, drafter="suffix", draft_max=8)),
+                    (PROMPTS[3], dict(max_tokens=12, drafter="suffix", draft_max=8))]}
+    uids, out = [], {}
+    for prompt, kwargs in schedule[0]:
+        uids.append(dec.add(prompt, **kwargs))
+        out[uids[-1]] = []
+    verify = dec.verifier.forward
+
+    def spy(tokens, lengths):
+        seen.append(list(lengths))
+        return verify(tokens, lengths)
+
+    dec.verifier.forward = spy
+    while dec.rows:
+        for uid, tokens in dec.step().items():
+            out[uid] += tokens
+    # the forward's tokens, rows times width (padding included), within the budget; some drafts verified
+    assert all(len(l) * max(l) <= max(7, len(l)) for l in seen) and max(max(l) for l in seen) > 1
+    for uid, prompt, n in zip(uids, [PROMPTS[0], PROMPTS[2], PROMPTS[3]], [24, 24, 12]):
+        assert_greedy_equal("qwen3_5", prompt, n, out[uid])
+
+
+def test_eos_ends_a_row_with_the_eos_token():
+    plain, _ = plain_greedy("llama", tuple(PROMPTS[0]), 30)
+    eos = plain[9]
+    first = plain.index(eos)
+    dec = BatchSpeculativeDecoder(model_of("llama"), eos_token_ids=[eos])
+    uids, out = run_schedule(dec, {0: [(PROMPTS[0], dict(max_tokens=30, drafter="suffix"))]})
+    assert out[uids[0]] == plain[:first + 1] and dec.finished[uids[0]] == "stop"
+
+
+def test_sampled_row_equals_the_solo_speculative_path():
+    """A sampled row (exact speculative sampling, Sampler) among greedy rows draws the same random
+    numbers as the solo path with the same drafter and draft length: the same tokens, seed for seed."""
+    model = model_of("llama")
+    sampler = Sampler(temp=1.0)
+    for seed in (0, 1):
+        mx.random.seed(seed)
+        solo = [t for t, _, _ in ngram_speculative_generate_step(mx.array(PROMPTS[0]), model, max_tokens=20,
+                                                                  sampler=sampler, draft_max=4, drafter="suffix")]
+        mx.random.seed(seed)
+        dec = BatchSpeculativeDecoder(model)
+        schedule = {0: [(PROMPTS[2], dict(max_tokens=16, drafter="suffix")),
+                        (PROMPTS[0], dict(max_tokens=20, drafter="suffix", draft_max=4, sampler=sampler))]}
+        uids, out = run_schedule(dec, schedule)
+        assert out[uids[1]] == solo
+        assert_greedy_equal("llama", PROMPTS[2], 16, out[uids[0]])
+
+
+def test_bad_arguments():
+    dec = BatchSpeculativeDecoder(model_of("llama"))
+    with pytest.raises(ValueError, match="vocabulary"):
+        dec.add([1, 999], max_tokens=4)
+    with pytest.raises(ValueError, match="max_tokens"):
+        dec.add([1], max_tokens=0)
+    with pytest.raises(ValueError, match="unknown drafter"):
+        dec.add([1], max_tokens=3, drafter="nope")
+    with pytest.raises(KeyError):
+        dec.remove(12345)
+    assert dec.step() == {}
+    with pytest.raises(ValueError, match="max_batch_tokens"):
+        BatchSpeculativeDecoder(model_of("llama"), max_batch_tokens=0)
+
+
+def test_unsupported_model_is_refused_before_anything_changes():
+    dec = BatchSpeculativeDecoder(tiny_model("llama4"))
+    with pytest.raises(RollbackUnsupported, match="ChunkedKVCache"):
+        dec.add([1, 2, 3], max_tokens=4)
+    assert dec.rows == [] and dec.cache is None and dec.verifier is None
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 2 ** 31 - 1))
+def test_random_schedules_equal_plain_greedy(seed):
+    """Random prompts, arrival steps, draft lengths, planted draft errors, one random removal; the
+    batch's shared left padding is compacted after every step (COMPACT_AT = 1)."""
+    rng = np.random.default_rng(seed)
+    arch = ["llama", "qwen3_5", "gemma3_text"][int(rng.integers(3))]
+    dec = BatchSpeculativeDecoder(model_of(arch), max_batch_tokens=int(rng.integers(4, 20)))
+    rows, schedule = [], {}
+    for _ in range(int(rng.integers(2, 5))):
+        prompt = tuple(rng.integers(0, 64, int(rng.integers(1, 10))).tolist())
+        n = int(rng.integers(1, 14))
+        truth = plain_greedy(arch, prompt, n)[0]
+        kwargs = dict(max_tokens=n, drafter=OracleDrafter(truth, every=int(rng.integers(1, 4))),
+                      draft_max=int(rng.integers(0, 7)))
+        rows.append((prompt, n))
+        schedule.setdefault(int(rng.integers(0, 5)), []).append((list(prompt), kwargs))
+    order = [r for step in sorted(schedule) for r in schedule[step]]   # add order
+    removed = (int(rng.integers(0, 6)), int(rng.integers(len(order)))) if rng.random() < 0.5 else None
+    if removed is not None and removed[0] < min(schedule):
+        removed = None
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("mlx_backend.batch.verify.COMPACT_AT", 1)
+        uids, out = run_schedule_checked(dec, schedule, removed)
+    for uid, (prompt, kwargs) in zip(uids, order):
+        n = kwargs["max_tokens"]
+        assert_greedy_equal(arch, prompt, n, out[uid], prefix=uid not in dec.finished)
+
+
+def run_schedule_checked(dec, schedule, removed):
+    """run_schedule, skipping a removal of a row not yet added or already finished."""
+    uids, out, step = [], {}, 0
+    while dec.rows or any(s >= step for s in schedule):
+        for prompt, kwargs in schedule.get(step, []):
+            uids.append(dec.add(prompt, **kwargs))
+            out[uids[-1]] = []
+        if removed is not None and step == removed[0] and removed[1] < len(uids) and uids[removed[1]] in dec.active:
+            dec.remove(uids[removed[1]])
+        for uid, tokens in dec.step().items():
+            out[uid] += tokens
+        step += 1
+    return uids, out

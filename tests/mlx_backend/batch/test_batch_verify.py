@@ -1,0 +1,184 @@
+"""BatchVerifyCache: a batched verify forward scores every row as the solo VerifyCache does, and keep(m)
+leaves each row's cache as its own m tokens would, checked against the solo path and against a fresh
+forward over each row's whole kept history; unsupported caches fail naming the cache class."""
+from __future__ import annotations
+
+import functools
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+from mlx_lm.models.cache import ArraysCache, make_prompt_cache
+
+from mlx_backend.batch.verify import BatchVerifyCache
+from mlx_backend.decode.rollback import RollbackUnsupported, VerifyCache
+from mlx_backend.models.tiny import tiny_model
+
+# batch vs solo VerifyCache: the same ops on the same numbers (measured: bitwise equal for llama, qwen3_5,
+# qwen3_next; sliding-window layers attend a differently laid out key set: measured up to 1.1e-5)
+ATOL = {"gemma3_text": 1e-4}
+ATOL_DEFAULT = 1e-5
+ATOL_FRESH = 1e-4   # vs a fresh forward over the whole history: a prefill computes in another order
+V = 64
+
+
+@functools.cache
+def models(arch: str, seed: int = 3):
+    """Two identical models: one for the batch, one for the solo reference (the GDN recorder state lives
+    on the layer instances, so the two paths must not share them)."""
+    return tiny_model(arch, seed=seed), tiny_model(arch, seed=seed)
+
+
+def prefilled(model, prompt):
+    cache = make_prompt_cache(model)
+    if len(prompt) > 1:
+        model(mx.array(prompt[:-1], mx.uint32)[None], cache=cache)
+    mx.eval([c.state for c in cache])
+    return cache
+
+
+def batch_of(model, prompts):
+    solo = [prefilled(model, p) for p in prompts]
+    return [solo[0][i].merge([s[i] for s in solo]) for i in range(len(solo[0]))]
+
+
+def fresh_last_logits(model, tokens):
+    """The logits after ``tokens`` from an empty cache (prefill, then the last token alone)."""
+    cache = prefilled(model, tokens)
+    return model(mx.array(tokens[-1:], mx.uint32)[None], cache=cache)[0, -1]
+
+
+def run_steps(arch, seed, n_steps, compact_at=64, gdn_path="states"):
+    """Random prompts (some of length 1), random per-row lengths and m for n_steps verify steps; checks
+    logits per row against the solo path each step, then a one-token step against a fresh forward."""
+    rng = np.random.default_rng(seed)
+    atol = ATOL.get(arch, ATOL_DEFAULT)
+    B = int(rng.integers(1, 5))
+    prompts = [rng.integers(0, V, int(rng.integers(1, 12))).tolist() for _ in range(B)]
+    bmodel, smodel = models(arch)
+    bvc = BatchVerifyCache(bmodel, batch_of(bmodel, prompts), gdn_path, compact_at=compact_at)
+    solo = [VerifyCache(smodel, prefilled(smodel, p), gdn_path) for p in prompts]
+    kept = [list(p) for p in prompts]   # row b's tokens, the last one not yet in the cache
+    try:
+        for _ in range(n_steps):
+            lengths = rng.integers(1, 7, B).tolist()
+            S = max(lengths)
+            rows = [[kept[b][-1]] + rng.integers(0, V, lengths[b] - 1).tolist() for b in range(B)]
+            logits = bvc.forward([r + [0] * (S - len(r)) for r in rows], lengths)
+            assert logits.shape == (B, S, V)
+            m = [int(rng.integers(1, n + 1)) for n in lengths]
+            mx.eval(logits)
+            bvc.keep(m)
+            for b in range(B):
+                ref = solo[b].forward(rows[b], record=True)
+                solo[b].keep(m[b])
+                assert mx.allclose(logits[b, :lengths[b]], ref, atol=atol, rtol=0).item(), (b, lengths, m)
+                # the next input: a fresh token after the kept ones (kept: rows[b][:m[b]])
+                kept[b] = kept[b][:-1] + rows[b][:m[b]] + [int(rng.integers(0, V))]
+        one = bvc.forward([[k[-1]] for k in kept], [1] * B)
+        bvc.keep([1] * B)
+        for b in range(B):
+            ref = solo[b].forward(kept[b][-1:])
+            assert mx.allclose(one[b, 0], ref[0], atol=atol, rtol=0).item()
+            assert mx.allclose(one[b, 0], fresh_last_logits(smodel, kept[b]), atol=ATOL_FRESH, rtol=0).item()
+    finally:
+        bvc.close()
+        for s in solo:
+            s.close()
+    return bvc
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3_5", "gemma3_text"])
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 2 ** 31 - 1))
+def test_batch_matches_solo(arch, seed):
+    run_steps(arch, seed, n_steps=3)
+
+
+@pytest.mark.parametrize("arch,gdn_path", [("qwen3_next", "states"), ("qwen3_5", "replay")])
+def test_other_gdn_layout_and_replay_path(arch, gdn_path):
+    for seed in (1, 2):
+        run_steps(arch, seed, n_steps=3, gdn_path=gdn_path)
+
+
+def test_sliding_window_rows_after_the_ring_wraps():
+    """gemma3_text's window is 8: 6 steps of up to 6 tokens on prompts of up to 11 wrap every row's ring."""
+    for seed in (11, 12, 13):
+        run_steps("gemma3_text", seed, n_steps=6)
+
+
+def test_compaction_keeps_rows_exact():
+    """compact_at=1: the shared left padding is dropped (filter over all rows) after every keep."""
+    for seed in (5, 6, 7):
+        bvc = run_steps("llama", seed, n_steps=4, compact_at=1)
+        for c in bvc.kv:
+            assert min(c.left_padding.tolist()) == 0
+
+
+def test_keep_leaves_offsets_and_padding_as_plain_steps():
+    """BatchKVCache bookkeeping after keep: offset = the row's real length, the columns before it padding."""
+    model, _ = models("llama")
+    cache = batch_of(model, [[1, 2, 3], [4]])          # cached: 2 and 0 tokens
+    bvc = BatchVerifyCache(model, cache)
+    bvc.forward([[3, 9, 9, 9], [4, 5, 0, 0]], [4, 2])
+    bvc.keep([2, 1])                                   # rows keep 2 and 1 tokens
+    c = cache[0]
+    assert c.offset.tolist() == [4, 1]
+    assert c._idx - c.left_padding.tolist()[0] == 4 and c._idx - c.left_padding.tolist()[1] == 1
+
+
+def test_bad_arguments():
+    model, _ = models("llama")
+    bvc = BatchVerifyCache(model, batch_of(model, [[1, 2], [3]]))
+    with pytest.raises(ValueError, match="lengths"):
+        bvc.forward([[1, 2], [3, 0]], [2, 3])
+    with pytest.raises(ValueError, match="rows"):
+        bvc.forward([[1, 2]], [2])
+    with pytest.raises(ValueError, match="forward"):
+        bvc.keep([1, 1])
+    bvc.forward([[2, 5], [3, 0]], [2, 1])
+    with pytest.raises(ValueError, match="m"):
+        bvc.keep([1, 2])
+
+
+def test_keep_rebuilds_a_sliding_window_cache_as_merge_does():
+    """Per row: the last min(tokens, window) keys right-aligned, offset = the row's length, not rotated."""
+    model, _ = models("gemma3_text")                     # window 8
+    cache = batch_of(model, [list(range(1, 12)), [4]])  # cached: 10 and 0 tokens
+    bvc = BatchVerifyCache(model, cache)
+    bvc.forward([[11, 9, 9, 9], [4, 5, 0, 0]], [4, 2])
+    bvc.keep([3, 2])
+    c = cache[0]
+    assert type(c).__name__.endswith("BatchRotatingKVCache") and not c.rotated
+    assert c.offset.tolist() == [13, 2] and c._idx == c._offset == 8 and c.keys.shape[2] == 8
+    assert c.left_padding.tolist() == [0, 6]
+    bvc.close()
+    assert type(c).__name__ == "BatchRotatingKVCache"
+
+
+def test_unsupported_caches_raise_naming_the_class():
+    llama4 = tiny_model("llama4")
+    with pytest.raises(RollbackUnsupported, match="ChunkedKVCache"):
+        BatchVerifyCache(llama4, make_prompt_cache(llama4))
+    gemma = tiny_model("gemma3_text")
+    with pytest.raises(RollbackUnsupported, match="RotatingKVCache.*merge"):
+        BatchVerifyCache(gemma, make_prompt_cache(gemma))
+    llama, _ = models("llama")
+    with pytest.raises(RollbackUnsupported, match="KVCache.*merge"):
+        BatchVerifyCache(llama, make_prompt_cache(llama))
+    qwen, _ = models("qwen3_5")
+    cache = batch_of(qwen, [[1, 2, 3], [4, 5]])
+    gdn = next(c for c in cache if isinstance(c, ArraysCache))
+    gdn.left_padding = mx.array([0, 2])
+    bvc = BatchVerifyCache(qwen, cache)
+    with pytest.raises(RollbackUnsupported, match="left_padding"):
+        bvc.forward([[3], [5]], [1, 1])
+    gdn.left_padding, gdn.lengths = None, mx.array([1, 1])
+    with pytest.raises(RollbackUnsupported, match="lengths"):
+        bvc.forward([[3], [5]], [1, 1])
+    gdn.lengths = None
+    cache[1].prepare(right_padding=[0, 1])
+    with pytest.raises(RollbackUnsupported, match="BatchKVCache.*finalize"):
+        bvc.forward([[3], [5]], [1, 1])
+    bvc.close()

@@ -1,0 +1,187 @@
+"""``ngram-spec serve`` decoding concurrent requests together (issue 28), with the real ``openai`` client.
+
+Six clients at once (chat and completions, streamed and not, speculative with several draft lengths and
+drafters, and plain) against servers on tiny models: each gets exactly what the same request gets
+alone, every greedy answer is plain greedy decoding's (mlx-lm's own ``generate_step``, cut after the
+EOS token), and the server really verified several rows in one forward (``/v1/stats``
+``rows_per_forward`` max > 1). A client that hangs up mid-stream frees its row (counted ``cancelled``,
+far fewer tokens than it asked for) while the others complete correctly.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("mlx_lm")
+
+from mlx_backend.cli import main  # noqa: E402
+from test_server import Server  # noqa: E402  (tests/mlx_backend/serve/test_server.py)
+
+N = 64   # long enough that requests sent together overlap in the batch
+EOS = 256  # the tiny models' EOS token (reference.models.tiny.EOS_TOKEN_ID)
+MESSAGES = [
+    [{"role": "user", "content": "abc abc abc abc abc"}],
+    [{"role": "user", "content": "the cat sat on the mat, the cat sat"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1 2 3 1 2 3 1 2"}],
+]
+PROMPT = "one two one two one two one two"
+# (kind, messages or prompt, extra body): streamed and not, speculative (default, fixed, suffix) and plain
+REQUESTS = [
+    ("chat", MESSAGES[0], {}),
+    ("stream", MESSAGES[1], {"draft_max": 3}),
+    ("chat", MESSAGES[2], {"speculative": False}),
+    ("text", PROMPT, {}),
+    ("stream", MESSAGES[0], {"drafter": "suffix"}),
+    ("chat", MESSAGES[1], {"draft_max": 0}),
+]
+
+
+def run(server, kind, what, body):
+    """One greedy request: (text, token ids or None when streamed, finish reason, timings or None)."""
+    client = server.client
+    if kind == "text":
+        r = client.completions.create(model="default_model", prompt=what, max_tokens=N, temperature=0.0,
+                                      extra_body=body or None)
+        c = r.choices[0]
+        return c.text, None, c.finish_reason, r.model_extra["timings"]
+    if kind == "stream":
+        chunks = list(client.chat.completions.create(model="default_model", messages=what, max_tokens=N,
+                                                     temperature=0.0, stream=True, extra_body=body or None))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        final = next(c for c in chunks if c.choices and c.choices[0].finish_reason)
+        return text, None, final.choices[0].finish_reason, final.model_extra["timings"]
+    r = client.chat.completions.create(model="default_model", messages=what, max_tokens=N, temperature=0.0,
+                                       logprobs=True, extra_body=body or None)
+    c = r.choices[0]
+    return c.message.content or "", [t.model_extra["id"] for t in c.logprobs.content], c.finish_reason, \
+        r.model_extra["timings"]
+
+
+def together(server, requests):
+    """``requests`` sent at once from one thread each (released together by a barrier)."""
+    barrier = threading.Barrier(len(requests))
+
+    def one(request):
+        barrier.wait()
+        return run(server, *request)
+
+    with ThreadPoolExecutor(len(requests)) as pool:
+        return list(pool.map(one, requests))
+
+
+def plain_greedy(path, kind, what):
+    """mlx-lm's own greedy decoding of the request's prompt: N tokens, cut after the first EOS."""
+    import mlx.core as mx
+    from mlx_lm import load
+    from mlx_lm.generate import generate_step
+
+    model, tokenizer = load(str(path))
+    prompt = tokenizer.encode(what) if kind == "text" else tokenizer.apply_chat_template(
+        what, add_generation_prompt=True)
+    out = []
+    for t, _ in generate_step(mx.array(prompt), model, max_tokens=N, sampler=lambda x: mx.argmax(x, axis=-1)):
+        out.append(int(t))
+        if t == EOS:
+            break
+    return out
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("batched-models")
+    out = {}
+    for arch in ("llama", "qwen3_5", "llama_sliding"):
+        out[arch] = root / arch
+        assert main(["tiny-model", "--arch", arch, "--seed", "2", "--out", str(out[arch])]) == 0
+    return out
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3_5", "llama_sliding"])
+def test_concurrent_clients_each_get_what_they_get_alone_in_one_batch(models, arch):
+    server = Server("--model", str(models[arch]), "--decode-concurrency", "8")
+    try:
+        alone = [run(server, *request) for request in REQUESTS]
+        before = server.stats()
+        got = together(server, REQUESTS)
+        stats = server.stats()
+    finally:
+        server.stop()
+    assert [g[:3] for g in got] == [a[:3] for a in alone]
+    for (kind, what, body), (text, ids, finish, timings) in zip(REQUESTS, got):
+        if ids is not None:
+            assert ids == plain_greedy(models[arch], kind, what), (arch, body)
+            assert timings["predicted_n"] == len(ids)
+        speculative = body.get("speculative", True) and body.get("draft_max", 1) != 0
+        assert timings["speculative"] == speculative and (timings["draft_n"] == 0 or speculative)
+        assert timings["draft_max"] == (0 if not speculative else body.get("draft_max", "auto"))
+    texts = {json.dumps(what): text for (kind, what, _), (text, *_ignored) in zip(REQUESTS, got) if kind == "chat"}
+    for (kind, what, _), (text, *_ignored) in zip(REQUESTS, got):
+        if kind == "stream":   # the same conversation, not streamed, is answered with the same text
+            assert text == texts.get(json.dumps(what), text) and text
+    assert stats["completed"] == before["completed"] + len(REQUESTS)
+    assert stats["rows_per_forward"]["max"] > 1, stats
+    assert stats["verify_forwards"] - before["verify_forwards"] < sum(
+        t["decode_forwards"] for *_rest, t in got), stats   # shared forwards: fewer than the requests' own
+
+
+def test_decode_concurrency_one_serves_one_row_per_forward(models):
+    server = Server("--model", str(models["llama"]), "--decode-concurrency", "1")
+    try:
+        got = together(server, REQUESTS[:3])
+        stats = server.stats()
+    finally:
+        server.stop()
+    assert stats["rows_per_forward"]["max"] == 1 and stats["completed"] == 3
+    assert got[0][1] == plain_greedy(models["llama"], "chat", MESSAGES[0])
+
+
+def test_a_client_that_hangs_up_mid_stream_frees_its_row_and_the_others_complete(models):
+    server = Server("--model", str(models["llama"]), "--decode-concurrency", "8")
+    try:
+        others = [REQUESTS[0], REQUESTS[1], REQUESTS[3]]
+        alone = [run(server, *request) for request in others]
+        before = server.stats()
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        conn.request("POST", "/v1/chat/completions", headers={"Content-Type": "application/json"}, body=json.dumps(
+            {"messages": MESSAGES[2], "max_tokens": 3000, "stream": True, "temperature": 0.0}))
+        r = conn.getresponse()
+        assert r.status == 200
+        data = b""
+        while data.count(b"data: ") < 3:
+            data += r.read1(4096)
+        with ThreadPoolExecutor(len(others)) as pool:
+            futures = [pool.submit(run, server, *request) for request in others]
+            time.sleep(0.2)
+            r.close()                                     # hang up with the answer unread
+            conn.close()
+            got = [f.result() for f in futures]
+        after = server.stats()
+        assert run(server, *REQUESTS[2])[2] in ("stop", "length")   # still serving
+    finally:
+        server.stop()
+    assert [g[:3] for g in got] == [a[:3] for a in alone]
+    assert after["cancelled"] == before["cancelled"] + 1
+    assert after["completed"] == before["completed"] + len(others)
+    assert after["completion_tokens"] - before["completion_tokens"] < 3000
+    assert after["rows_per_forward"]["max"] > 1
+
+
+def test_a_request_whose_sampler_refuses_its_arguments_gets_400_and_the_batch_serves_on(models):
+    """mlx refuses a top_k beyond the vocabulary only when sampling; in a batch that would fail the shared step
+    (the worker), so the request's sampler is tried first: the request gets 400, the others are answered."""
+    server = Server("--model", str(models["llama"]), "--decode-concurrency", "8")
+    try:
+        with pytest.raises(openai.BadRequestError, match="top_k"):
+            server.client.chat.completions.create(model="default_model", messages=MESSAGES[0], max_tokens=8,
+                                                  temperature=1.0, extra_body={"top_k": 100000})
+        got = together(server, REQUESTS[:2])
+        assert server.get("/health")[0] == 200
+    finally:
+        server.stop()
+    assert got[0][1] == plain_greedy(models["llama"], "chat", MESSAGES[0])
