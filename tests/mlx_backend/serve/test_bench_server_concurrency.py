@@ -1,0 +1,130 @@
+"""Benchmark (``pytest --benchmark-only``): concurrent clients against ``ngram-spec serve`` (batched, the
+default), ``ngram-spec serve --decode-concurrency 1`` (one request at a time, as before issue 28) and plain
+``mlx_lm.server`` (its own batching), on the same model directory.
+
+For each workload and each concurrency C (``NGRAM_SPEC_BENCH_CONCURRENCY``, default 1,2,4,8), C ``openai``
+clients send one request each at the same moment, greedy, ``NGRAM_SPEC_BENCH_TOKENS`` (96) tokens at most;
+every request of the run is a different prompt (a repeated one would be copied from the suffix history and
+served from the prompt-cache LRU):
+
+    edits   real edits of ``benchmarks/data/edit-traces.jsonl.xz`` (an instruction and a file; the answer
+            is the file back), a different one per client
+    free    free-writing prompts, a different one per client
+
+Reported per server: aggregate tokens/s (all completion tokens / wall seconds from the first send to the
+last answer) and the p50 / p95 of the requests' latencies; the ratios of the batched server to plain
+``mlx_lm.server`` and to one at a time (issue 28's targets: edits >= 1.5x plain at C = 4, >= 1.3x at 8; free
+chat >= 0.95x at every C; C = 1 no slower than one at a time); ``rows_per_forward`` from ``/v1/stats``. The
+batched server's answers must equal the one-at-a-time server's (asserted); whether plain ``mlx_lm.server``'s
+equal them is reported. The servers run in the order rotating per cell.
+
+Run with OpenBLAS for the bandwidth-bound configuration (the servers inherit the environment)::
+
+    LD_PRELOAD=$(python3 -c 'from mlx_backend.machine.blas import wheel_openblas; print(wheel_openblas())') \\
+        OPENBLAS_NUM_THREADS=1 python3 -m pytest --benchmark-only -s tests/mlx_backend/serve/test_bench_server_concurrency.py
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import lzma
+import os
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("mlx_lm")
+
+from test_bench_server import conditions, smollm2_dir  # noqa: E402,F401 (a fixture)
+from test_server import Server  # noqa: E402
+
+MAX_TOKENS = int(os.environ.get("NGRAM_SPEC_BENCH_TOKENS", "96"))
+CONCURRENCY = [int(c) for c in os.environ.get("NGRAM_SPEC_BENCH_CONCURRENCY", "1,2,4,8").split(",")]
+TRACES = Path(__file__).resolve().parents[3] / "benchmarks" / "data" / "edit-traces.jsonl.xz"
+FREE_ASKS = ("Write a short story about {}.", "Write a poem about {}.", "Describe {} to a ten-year-old.")
+FREE_SUBJECTS = ("a lighthouse keeper", "autumn rain in a small town", "a busy fish market", "a lost umbrella",
+                 "a mountain hut at dawn", "a cat who hates Mondays", "the first day of school", "an old bicycle",
+                 "a night train", "a garden in winter", "a forgotten library", "a storm at sea")
+
+
+def free_requests(n: int) -> list[str]:
+    """``n`` different free-writing prompts."""
+    return [FREE_ASKS[(i + i // len(FREE_SUBJECTS)) % len(FREE_ASKS)].format(FREE_SUBJECTS[i % len(FREE_SUBJECTS)])
+            for i in range(n)]
+
+
+def edit_requests(n: int) -> list[str]:
+    """``n`` different real edits whose file is 400-2,000 characters (the trace's prompt text), packages alternating."""
+    with lzma.open(TRACES, "rt") as f:
+        rows = [json.loads(line) for line in f]
+    fits = sorted((r for r in rows if 400 <= len(r["output"]) <= 2000), key=lambda r: (r["package"], r["path"]))
+    by_package: dict[str, list] = {}
+    for r in fits:
+        by_package.setdefault(r["package"], []).append(r)
+    picked = [r for group in itertools.zip_longest(*by_package.values()) for r in group if r is not None]
+    return [r["prompt"] for r in picked[:n]]
+
+
+@pytest.fixture(scope="module")
+def servers(smollm2_dir):
+    started = {}
+    try:
+        started["batched"] = Server("--model", str(smollm2_dir), timeout=600, request_timeout=3600)
+        started["one at a time"] = Server("--model", str(smollm2_dir), "--decode-concurrency", "1", timeout=600,
+                                          request_timeout=3600)
+        started["mlx_lm"] = Server("server", "--model", str(smollm2_dir), module="mlx_lm", timeout=600,
+                                   request_timeout=3600)
+        yield started
+    finally:
+        for name, server in started.items():
+            server.stop(check=name != "mlx_lm")  # mlx_lm.server does not handle SIGTERM
+
+
+def ask(server: Server, prompt: str) -> dict:
+    t0 = time.perf_counter()
+    r = server.client.chat.completions.create(model="default_model", messages=[{"role": "user", "content": prompt}],
+                                              max_tokens=MAX_TOKENS, temperature=0.0)
+    return {"text": r.choices[0].message.content or "", "tokens": r.usage.completion_tokens,
+            "seconds": time.perf_counter() - t0}
+
+
+def together(server: Server, prompts: list[str]) -> dict:
+    """All ``prompts`` at once, one client thread each: aggregate tok/s, latency p50 / p95, the answers."""
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        answers = list(pool.map(lambda p: ask(server, p), prompts))
+    wall = time.perf_counter() - t0
+    latencies = sorted(a["seconds"] for a in answers)
+    return {"tok_s": round(sum(a["tokens"] for a in answers) / wall, 2),
+            "p50_s": round(statistics.median(latencies), 2),
+            "p95_s": round(latencies[min(len(latencies) - 1, round(0.95 * (len(latencies) - 1)))], 2),
+            "texts": [a["text"] for a in answers]}
+
+
+def test_bench_concurrent_clients(benchmark, servers):
+    n = sum(CONCURRENCY)
+    workloads = {"edits": edit_requests(n), "free": free_requests(n)}
+    assert all(len(set(p)) == n for p in workloads.values()), "not enough different prompts"
+    report = {}
+
+    def run_all():
+        for w, (name, pool) in enumerate(workloads.items()):
+            for i, c in enumerate(CONCURRENCY):
+                prompts = pool[sum(CONCURRENCY[:i]):sum(CONCURRENCY[:i + 1])]
+                order = list(servers)[(w + c) % 3:] + list(servers)[:(w + c) % 3]
+                cell = {s: together(servers[s], prompts) for s in order}
+                assert cell["batched"]["texts"] == cell["one at a time"]["texts"], f"{name} C={c}: answers differ"
+                report.setdefault(name, {})[f"C={c}"] = {
+                    **{s: {k: v for k, v in r.items() if k != "texts"} for s, r in cell.items()},
+                    "mlx_lm answers equal": cell["mlx_lm"]["texts"] == cell["batched"]["texts"],
+                    "batched / mlx_lm": round(cell["batched"]["tok_s"] / cell["mlx_lm"]["tok_s"], 3),
+                    "batched / one at a time": round(cell["batched"]["tok_s"] / cell["one at a time"]["tok_s"], 3)}
+
+    benchmark.pedantic(run_all, rounds=1, iterations=1)
+    report["rows_per_forward"] = servers["batched"].stats()["rows_per_forward"]
+    benchmark.extra_info.update(report=report, **{**conditions(), "max_tokens": MAX_TOKENS})
+    print(json.dumps(report, indent=1))
