@@ -100,6 +100,9 @@ class _WorkerStopped(Exception):
     """Raised out of ``serve_forever`` (:meth:`SpecHTTPServer.service_actions`) once the worker has failed."""
 
 
+#: Draft length of a seeded sampled request without ``draft_max``: fixed, so that its answer depends on the seed
+#: and its own text only (the cost-aware length depends on what the policy has learned so far).
+SEEDED_DRAFT_MAX = 8
 ANSWER_TIMEOUT_S = 10.0  # after a worker failure: how long the handlers get to send their error answers
 
 
@@ -619,6 +622,10 @@ class SpecResponseGenerator(mlx_server.ResponseGenerator):
                 raise RequestError("images are not supported by ngram-spec serve")
             drafter = speculator.drafter(spec.user, full[:n_cached], set(tokenizer.eos_token_ids), spec.drafter,
                                          shared=not spec.seeded)
+            if spec.seeded and spec.draft_max is None:
+                # the cost-aware length changes as the policy learns, and with it the random draws of the
+                # verification: a seeded request verifies a fixed length so that the seed reproduces it
+                spec.draft_max = SEEDED_DRAFT_MAX
             progress = kwargs.get("prompt_progress_callback") or (lambda *_: None)
             progress(0, len(rest))
             responses = spec_stream_generate(
