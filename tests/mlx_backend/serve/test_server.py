@@ -82,6 +82,19 @@ class Server:
     def stats(self) -> dict:
         return self.get("/v1/stats")[1]
 
+    def open_stream(self, messages):
+        """A greedy streamed chat of up to 3000 tokens, read until its third chunk: ``(connection, response)``,
+        for a test to hang up on with the answer unread."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        conn.request("POST", "/v1/chat/completions", headers={"Content-Type": "application/json"}, body=json.dumps(
+            {"messages": messages, "max_tokens": 3000, "stream": True, "temperature": 0.0}))
+        r = conn.getresponse()
+        assert r.status == 200
+        data = b""
+        while data.count(b"data: ") < 3:
+            data += r.read1(4096)
+        return conn, r
+
     def stop(self, check: bool = True) -> str:
         self.proc.terminate()
         out = self.proc.communicate(timeout=600)[0].decode()  # a request in progress is finished first
@@ -234,14 +247,7 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(llama):
 
 def test_a_client_that_disconnects_mid_stream_frees_the_server(llama):
     before = llama.stats()
-    conn = http.client.HTTPConnection("127.0.0.1", llama.port, timeout=60)
-    conn.request("POST", "/v1/chat/completions", headers={"Content-Type": "application/json"}, body=json.dumps(
-        {"messages": MESSAGES[0], "max_tokens": 3000, "stream": True, "temperature": 0.0}))
-    r = conn.getresponse()
-    assert r.status == 200
-    data = b""
-    while data.count(b"data: ") < 3:
-        data += r.read1(4096)
+    conn, r = llama.open_stream(MESSAGES[0])
     r.close()                                     # hang up with the answer unread
     conn.close()
     text, ids, _ = chat(llama, MESSAGES[2])       # served once the abandoned stream is dropped

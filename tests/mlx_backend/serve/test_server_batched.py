@@ -9,7 +9,6 @@ far fewer tokens than it asked for) while the others complete correctly.
 """
 from __future__ import annotations
 
-import http.client
 import json
 import threading
 import time
@@ -147,14 +146,7 @@ def test_a_client_that_hangs_up_mid_stream_frees_its_row_and_the_others_complete
         others = [REQUESTS[0], REQUESTS[1], REQUESTS[3]]
         alone = [run(server, *request) for request in others]
         before = server.stats()
-        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
-        conn.request("POST", "/v1/chat/completions", headers={"Content-Type": "application/json"}, body=json.dumps(
-            {"messages": MESSAGES[2], "max_tokens": 3000, "stream": True, "temperature": 0.0}))
-        r = conn.getresponse()
-        assert r.status == 200
-        data = b""
-        while data.count(b"data: ") < 3:
-            data += r.read1(4096)
+        conn, r = server.open_stream(MESSAGES[2])
         with ThreadPoolExecutor(len(others)) as pool:
             futures = [pool.submit(run, server, *request) for request in others]
             time.sleep(0.2)
