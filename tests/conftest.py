@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import signal
 
 import pytest
 
@@ -9,6 +10,15 @@ from conformance import vectors
 from reference.ngram.cache_file import load_cache
 from reference.ngram.cache import NgramCache
 from reference.ngram.tokens import read_tokens
+
+
+def pytest_configure(config):
+    """Run with Ctrl-C delivered even where the shell started pytest with SIGINT ignored (``nohup cmd &``,
+    a background job of a script): the ignore is inherited by every child, so the tests that raise SIGINT
+    in a child (the BLAS check, precompile's cleanup) would see no interrupt at all. A Python handler is
+    reset to the default in children at exec, unlike an ignore."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @functools.cache
