@@ -5,9 +5,9 @@ per-layer caches of mlx-lm's ``BatchGenerator``). :meth:`~BatchSpeculativeDecode
 request alone in a fresh prompt cache and joins it to the batch with the caches' own ``merge`` and
 ``extend``; :meth:`~BatchSpeculativeDecoder.step` runs ONE forward over every active row (its last
 token, then up to its own draft length of drafts; a row without drafts still advances a token),
-accepts per row with :func:`mlx_backend.decode.sampling.verify_drafts` (greedy: the drafts up to the
-first one that is not the argmax, then the model's own token; a sampler: the same exact speculative
-sampling as the solo path) and cuts every row back to its accepted prefix with
+accepts per row by the solo rule (:func:`mlx_backend.decode.sampling.verify_rows`, one wait for all
+rows; greedy: the drafts up to the first one that is not the argmax, then the model's own token; a
+sampler: the same exact speculative sampling as the solo path) and cuts every row back to its accepted prefix with
 :class:`mlx_backend.batch.verify.BatchVerifyCache` (no second forward). Rows finish at their
 ``max_tokens`` or at a token of ``eos_token_ids`` and leave the batch (``filter``);
 :meth:`~BatchSpeculativeDecoder.remove` drops one early, the others untouched.
@@ -42,12 +42,12 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
-from mlx_backend.batch.policy import expected_tokens, relative_costs, width
+from mlx_backend.batch.policy import expected_tokens, leave_plain, relative_costs, width
 from mlx_backend.batch.verify import BatchVerifyCache
 from mlx_backend.decode.draft_policy import DEFAULT_K_MAX, DraftPolicy, learned_costs
 from mlx_backend.decode.generate import check_prompt, run_drafter, vocab_size
 from mlx_backend.decode.rollback import RollbackUnsupported
-from mlx_backend.decode.sampling import verify_drafts
+from mlx_backend.decode.sampling import greedy, verify_rows
 from reference.drafter import Drafter
 from reference.speculative import in_vocab
 
@@ -78,6 +78,7 @@ class _Row:
     n_drafted: int = 0
     n_accept: int = 0
     output: list[int] = field(default_factory=list)
+    fed: bool = False   # whether history[-1] is in the cache too (a plain step in flight consumed it)
 
     def room(self) -> int:
         """Drafts this row may verify in the next step (the solo loop's rule, ``_Run.room``)."""
@@ -85,6 +86,20 @@ class _Row:
             return 0
         k_max = DEFAULT_K_MAX if self.draft_max is None else self.draft_max
         return max(0, min(k_max, self.max_tokens - self.n_out - 1))
+
+    def pipelinable(self) -> bool:
+        """Whether the row may take pipelined plain steps: no logits processors (they would need the
+        in-flight token) and no fixed draft length (it verifies every proposal where it is made, as alone)."""
+        return not self.logits_processors and (self.policy is not None or self.drafter is None)
+
+    def expected_after_guess(self) -> list[float]:
+        """``E(n + 1) - a_1`` for n = 0..len(proposal) - 1 while the row's next token is in flight (the
+        proposal's first token guesses it); ``[1]`` without a cost-aware proposal."""
+        if self.policy is None or not self.proposal:
+            return [1.0]
+        a = self.policy.acceptance(self.match)
+        e = expected_tokens(a, len(self.proposal))
+        return [x - a[0] for x in e[1:]]
 
     def expected(self) -> list[float]:
         """E(0..n) for this step's proposal of n tokens (a fixed-length row: 1 whatever n, it does not choose)."""
@@ -114,9 +129,12 @@ class BatchSpeculativeDecoder:
         self.verifier: Optional[BatchVerifyCache] = None
         self.finished: dict[int, str] = {}  # uid -> "length" | "stop"
         self.keep_finished_caches = keep_finished_caches
-        self.finished_caches: dict[int, list[Any]] = {}   # uid -> the row's cache at its finish (keep_finished_caches)
+        self.finished_caches: dict[int, tuple[list[Any], list[int]]] = {}   # uid -> (its cache at its finish, the tokens it holds)
+        self._pending: Optional[tuple[mx.array, mx.array]] = None   # plain mode: tokens [B'] and logprobs in flight
+        self._settle = False   # a row joined while plain steps were in flight: read them, start no more
         self.last_logprobs: dict[int, list[mx.array]] = {}  # uid -> [V] log-probabilities of each token of the last step
-        self.n_forward = self.n_drafted = self.n_accept = 0   # verify forwards; drafts verified / accepted
+        self.n_forward = self.n_drafted = self.n_accept = 0   # forwards; drafts verified / accepted
+        self.n_plain = 0   # of the forwards, pipelined plain steps
         self._uids = itertools.count()
         self.step_costs = learned_costs(model, DEFAULT_K_MAX + 1, gdn_path)   # c(S), shared with solo generation
 
@@ -173,15 +191,24 @@ class BatchSpeculativeDecoder:
         policy = DraftPolicy([1.0] * (DEFAULT_K_MAX + 1)) if drafter is not None and draft_max is None else None
         row = _Row(next(self._uids), history, max_tokens, drafter, draft_max, sampler, logits_processors, policy)
         self.rows.append(row)
+        self._settle = self._pending is not None   # the in-flight steps cover the other rows only
         return row.uid
 
     def extract(self, uid: int) -> list[Any]:
         """A copy of row ``uid``'s cache as per-request caches (mlx-lm's ``extract``: ``KVCache``,
-        ``RotatingKVCache``, ``ArraysCache``), holding the row's ``history[:-1]``."""
+        ``RotatingKVCache``, ``ArraysCache``), holding :meth:`cached_tokens`."""
         index = [i for i, r in enumerate(self.rows) if r.uid == uid]
         if not index:
             raise KeyError(f"no active row {uid}")
         return [c.extract(index[0]) for c in self.cache]
+
+    def cached_tokens(self, uid: int) -> list[int]:
+        """The tokens row ``uid``'s cache holds: its ``history`` but the last token, or all of it while a plain
+        step is in flight (that step fed the last token; its output is not read yet)."""
+        row = next((r for r in self.rows if r.uid == uid), None)
+        if row is None:
+            raise KeyError(f"no active row {uid}")
+        return list(row.history if row.fed else row.history[:-1])
 
     def remove(self, uid: int) -> None:
         """Drop row ``uid`` from the batch (the other rows' caches are untouched)."""
@@ -197,9 +224,14 @@ class BatchSpeculativeDecoder:
             if self.verifier is not None:
                 self.verifier.close()
             self.cache = self.verifier = None
+            self._pending, self._settle = None, False
             return
         for c in self.cache:
             c.filter(mx.array(keep))
+        if self._pending is not None:   # in flight for the first rows (those that joined before it)
+            tokens, logprobs = self._pending
+            kept = [i for i in keep if i < tokens.shape[0]]
+            self._pending = (tokens[mx.array(kept)], logprobs[mx.array(kept)]) if kept else None
 
     def _propose(self) -> None:
         """Each row's proposal for this step (``row.proposal``) and the match length it was drafted on."""
@@ -218,29 +250,91 @@ class BatchSpeculativeDecoder:
 
     def step(self) -> dict[int, list[int]]:
         """One forward for every active row; returns each row's new tokens (uid -> tokens). Rows that
-        finish (max_tokens, EOS) leave the batch; :attr:`finished` says why."""
+        finish (max_tokens, EOS) leave the batch; :attr:`finished` says why.
+
+        Where no row's drafts pay (the width is 1) it decodes plainly, pipelined like mlx-lm's
+        ``BatchGenerator``: the next one-token step of every row is launched on the lazy tokens of the step
+        before (``mx.async_eval``) before those are read, until some rows' proposals make a verify step pay
+        (:func:`mlx_backend.batch.policy.leave_plain`), a row joins or every row ends. Rows with logits
+        processors or a fixed draft length keep the batch out of plain mode. A row that joins then emits
+        nothing in the step that reads the others' in-flight tokens."""
         if not self.rows:
             return {}
+        if self._pending is not None:
+            return self._plain_step()
         self._propose()
         S = self._width()
+        if S == 1 and all(r.pipelinable() for r in self.rows):
+            self._pending = self._launch(mx.array([r.history[-1] for r in self.rows], mx.uint32))
+            return self._plain_step(proposed=True)
         drafts = [r.proposal[:S - 1] for r in self.rows]
         lengths = [1 + len(d) for d in drafts]
         S = max(lengths)
         tokens = [[r.history[-1]] + d + [0] * (S - 1 - len(d)) for r, d in zip(self.rows, drafts)]
         logits = self.verifier.forward(tokens, lengths)
         self.n_forward += 1
-        accepted, self.last_logprobs = [], {}
-        for b, (r, d) in enumerate(zip(self.rows, drafts)):
-            emitted, logprobs, n_accept = verify_drafts(logits[b, :lengths[b]], d, r.sampler, r.logits_processors,
-                                                        r.history)
-            accepted.append((emitted, n_accept))
-            self.last_logprobs[r.uid] = logprobs
+        rows = verify_rows(logits, drafts, [r.sampler for r in self.rows], [r.logits_processors for r in self.rows],
+                           [r.history for r in self.rows])
+        accepted = [(emitted, n_accept) for emitted, _, n_accept in rows]
+        self.last_logprobs = {r.uid: logprobs for r, (_, logprobs, _) in zip(self.rows, rows)}
         self.verifier.keep([1 + n for _, n in accepted])
         return self._learn(drafts, accepted)
 
+    def _launch(self, inputs: mx.array) -> tuple[mx.array, mx.array]:
+        """Launch one plain step of every row on ``inputs`` ([B], possibly not computed yet): each row's next
+        token (its own sampler; greedy without) and log-probabilities, lazy (mlx-lm's ``GenerationBatch._step``)."""
+        self.verifier.check_state()
+        logits = self.model(inputs[:, None], cache=self.cache)[:, -1, :]
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        samplers = [r.sampler for r in self.rows]
+        if all(f is None for f in samplers):
+            tokens = greedy(logprobs)
+        else:
+            tokens = mx.concatenate([(f or greedy)(logprobs[b:b + 1]).reshape(1) for b, f in enumerate(samplers)])
+        mx.async_eval(tokens, logprobs)
+        self.n_forward += 1
+        self.n_plain += 1
+        return tokens, logprobs
+
+    def _leave_plain(self) -> bool:
+        """Whether to start no more plain steps: a row joined, every row's in-flight token is its last, or a
+        verify step pays (:func:`mlx_backend.batch.policy.leave_plain` on the rows' proposals)."""
+        if self._settle or all(r.n_out + 1 >= r.max_tokens for r in self.rows):
+            return True
+        expected = [r.expected_after_guess() for r in self.rows]
+        n = [len(e) - 1 for e in expected]
+        if not any(n):
+            return False
+        B = len(self.rows)
+        rel = relative_costs(self.step_costs, B * (1 + max(n)))
+        estimate = self.step_costs.estimate()
+        c1, c_p = (estimate[0][0], estimate[1]) if estimate is not None else (1.0, 1.0)
+        return leave_plain(expected, n, rel, rel_plain=c_p / c1 * rel[B - 1], rel_restart=max(c1 - c_p, 0.0) / c1,
+                           max_batch_tokens=self.max_batch_tokens)
+
+    def _plain_step(self, proposed: bool = False) -> dict[int, list[int]]:
+        """Read the plain step in flight (launching the next one first unless :meth:`_leave_plain`)."""
+        if not proposed:
+            self._propose()   # each proposal's first token guesses the row's in-flight token
+        tokens, logprobs = self._pending
+        n_flying = tokens.shape[0]
+        go_on = not self._leave_plain()
+        self._pending = self._launch(tokens) if go_on else None
+        self._settle = False
+        emitted = tokens.tolist()
+        self.last_logprobs = {r.uid: [logprobs[b]] for b, r in enumerate(self.rows[:n_flying])}
+        for r in self.rows[:n_flying]:
+            r.fed = go_on
+        # a row that joined meanwhile (after the others' in-flight step) emits nothing yet
+        accepted = [([t], 0) for t in emitted] + [None] * (len(self.rows) - n_flying)
+        return self._learn([[] for _ in self.rows], accepted)
+
     def _learn(self, drafts, accepted) -> dict[int, list[int]]:
         out, done = {}, []
-        for i, (r, d, (emitted, n_accept)) in enumerate(zip(self.rows, drafts, accepted)):
+        for i, (r, d, step) in enumerate(zip(self.rows, drafts, accepted)):
+            if step is None:
+                continue
+            emitted, n_accept = step
             r.n_drafted += len(d)
             r.n_accept += n_accept
             self.n_drafted += len(d)
@@ -264,7 +358,9 @@ class BatchSpeculativeDecoder:
         if done:
             if self.keep_finished_caches:
                 for i in done:
-                    self.finished_caches[self.rows[i].uid] = [c.extract(i) for c in self.cache]
+                    r = self.rows[i]
+                    self.finished_caches[r.uid] = ([c.extract(i) for c in self.cache],
+                                                   list(r.history if r.fed else r.history[:-1]))
             self._drop(done)
         return out
 

@@ -67,6 +67,33 @@ def width(expected: Sequence[Sequence[float]], n_available: Sequence[int], rel_c
     return best
 
 
+def leave_plain(expected: Sequence[Sequence[float]], n_available: Sequence[int], rel_cost: Sequence[float], *,
+                rel_plain: float, rel_restart: float = 0.0, max_batch_tokens: Optional[int] = None) -> bool:
+    """Whether to stop pipelined plain steps for a verify step: while every row's next token is in flight,
+    each row's proposal guesses it with its first token, so ``expected[b][n]`` is what a verify of the n
+    drafts after the guess yields, ``E_b(n + 1) - a_1`` (the single-sequence rule of
+    :meth:`mlx_backend.decode.draft_policy.DraftPolicy.leave_plain`). Leave when some ``S >= 2`` beats the
+    plain rate: ``sum_b expected[b][min(n_b, S - 1)] / (c(B S) + restart) > B / c_p(B)``, with ``rel_plain``
+    = c_p(B) / c(1), a pipelined plain batch step, and ``rel_restart`` the pipeline's lost overlap
+    (``c(1) - c_p``, relative to c(1)).
+
+    >>> leave_plain([[1.0, 1.9], [1.0, 1.0]], [1, 0], [1.0, 1.1, 1.2, 1.3], rel_plain=1.1)    # one copies
+    True
+    >>> leave_plain([[1.0, 1.1], [1.0, 1.0]], [1, 0], [1.0, 1.1, 1.2, 1.3], rel_plain=1.1)
+    False
+    """
+    B = len(expected)
+    s_max = 1 + max(n_available, default=0)
+    if max_batch_tokens is not None:
+        s_max = min(s_max, max(1, max_batch_tokens // max(B, 1)))
+    plain_rate = B / rel_plain
+    for S in range(2, s_max + 1):
+        tokens = sum(e[min(n, S - 1)] for e, n in zip(expected, n_available))
+        if tokens / (rel_cost[B * S - 1] + rel_restart) > plain_rate:
+            return True
+    return False
+
+
 def relative_costs(step_costs: Optional[StepCosts], t_max: int) -> list[float]:
     """``c(T) / c(1)`` for T = 1..t_max from the single-sequence curve ``step_costs`` (None, or nothing timed
     yet: the prior), extended beyond its end with the slope of its upper half, at least PRIOR_SLOPE.

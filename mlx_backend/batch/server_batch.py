@@ -24,7 +24,8 @@ mlx-lm's meanings:
   ``"length"`` at ``max_tokens`` (mlx-lm's ``GenerationBatch.next`` order: a stop match wins). The last
   response carries the row's ``prompt_cache`` (per-request caches, mlx-lm's ``extract``) and
   ``all_tokens``: the tokens that cache holds, i.e. every token fed (the row's tokens but the last one
-  emitted; a step cut by a stop word may have fed accepted tokens after the stop), under which mlx-lm's
+  emitted, or all of them after a pipelined plain step, as in mlx-lm; a step cut by a stop word may have
+  fed accepted tokens after the stop), under which mlx-lm's
   loop stores it in its LRU, so that reuse stays exact for caches that cannot be trimmed.
 * ``remove`` drops a sequence at any stage; uids not live (finished, removed) are ignored, as mlx-lm's.
 
@@ -272,11 +273,11 @@ class SpeculativeBatchGenerator:
                 break
         if reason is not None:
             if seq.duid in self.decoder.finished_caches:
-                cache = self.decoder.finished_caches.pop(seq.duid)
+                cache, held = self.decoder.finished_caches.pop(seq.duid)
             else:
-                cache = self.decoder.extract(seq.duid)
+                cache, held = self.decoder.extract(seq.duid), self.decoder.cached_tokens(seq.duid)
                 self.decoder.remove(seq.duid)
-            out[-1].prompt_cache, out[-1].all_tokens = cache, list(seq.row.history[:-1])
+            out[-1].prompt_cache, out[-1].all_tokens = cache, held
             self._end(seq, completed=True)
         return out
 
@@ -303,7 +304,7 @@ class SpeculativeBatchGenerator:
             if seq.duid is None:
                 out[uid] = (copy.deepcopy(seq.cache), list(seq.tokens))
             else:
-                out[uid] = (self.decoder.extract(seq.duid), list(seq.row.history[:-1]))
+                out[uid] = (self.decoder.extract(seq.duid), self.decoder.cached_tokens(seq.duid))
         return out
 
     def remove(self, uids, return_prompt_caches: bool = False) -> dict:

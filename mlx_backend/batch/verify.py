@@ -111,7 +111,10 @@ class BatchVerifyCache:
             return c.batch_size
         return 0
 
-    def _check_state(self) -> None:
+    def check_state(self) -> None:
+        """Refuse a cache in the middle of a padded prefill (RollbackUnsupported); drop a GatedDeltaNet
+        cache's all-zero ``left_padding`` (what ``merge`` of an empty cache leaves), which mlx-lm's layers
+        would otherwise count down below zero with every token. Run before every forward of the batch."""
         for c in self.kv + self.rotating:
             if getattr(c, "_right_padding", None) is not None or getattr(c, "_lengths", None) is not None:
                 raise RollbackUnsupported(f"a {type(c).__name__} has a right-padded prefill pending: "
@@ -138,7 +141,7 @@ class BatchVerifyCache:
             raise ValueError(f"lengths must hold B = {B} values in 1..S = {S}, got {lengths}")
         if self.batch_size and self.batch_size != B:
             raise ValueError(f"tokens hold {B} rows but the cache holds {self.batch_size}")
-        self._check_state()
+        self.check_state()
         every = checkpoint_interval(S, self.state_bytes * B)
         for layer, _ in self.gdn:
             attach(layer)

@@ -130,3 +130,35 @@ def verify_drafts(logits: mx.array, drafts: list[int], sampler=None, logits_proc
             n += 1
         emitted = drafts[:n] + [tokens[n]]
     return emitted, [logprobs[i] for i in range(n + 1)], n
+
+
+def verify_rows(logits: mx.array, drafts: list[list[int]], samplers: list, logits_processors: list,
+                histories: list[list[int]]) -> list[tuple[list[int], list[mx.array], int]]:
+    """:func:`verify_drafts` for every row of a batched verify forward (``logits [B, S, V]``; row b holds
+    ``1 + len(drafts[b])`` real positions, the rest padding): one ``(emitted, logprobs, n_accept)`` per row,
+    each the same as :func:`verify_drafts` on that row alone.
+
+    Rows drawn in one call (greedy, an opaque sampler; no logits processors) are drawn for all rows
+    first and evaluated together, so the batch waits for the device once instead of once per row; a
+    :class:`Sampler` with ``temp > 0`` (accept-or-resample, row by row) or logits processors go
+    through :func:`verify_drafts` itself.
+    """
+    out: list = [None] * len(drafts)
+    lazy = {}
+    logprobs = None
+    for b, (d, sampler, processors) in enumerate(zip(drafts, samplers, logits_processors)):
+        if processors or (isinstance(sampler, Sampler) and sampler.temp > 0):
+            out[b] = verify_drafts(logits[b, :len(d) + 1], d, sampler, processors, histories[b])
+            continue
+        if logprobs is None:
+            logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        lazy[b] = (sampler or greedy)(logprobs[b, :len(d) + 1])
+    if lazy:
+        mx.eval(list(lazy.values()))
+    for b, drawn in lazy.items():
+        tokens, d = drawn.tolist(), drafts[b]
+        n = 0
+        while n < len(d) and tokens[n] == d[n]:
+            n += 1
+        out[b] = (d[:n] + [tokens[n]], [logprobs[b, i] for i in range(n + 1)], n)
+    return out

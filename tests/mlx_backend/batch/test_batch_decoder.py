@@ -134,6 +134,51 @@ def test_rows_with_long_accepted_drafts_equal_plain_greedy(arch):
     assert dec.n_accept > dec.n_drafted // 2 and dec.n_accept < dec.n_drafted
 
 
+class LateDrafter(OracleDrafter):
+    """Wrong (every token off by one) for its first ``wrong`` calls, then plain greedy's own continuation."""
+
+    def __init__(self, truth, wrong):
+        super().__init__(truth, every=10 ** 9)
+        self.wrong = wrong
+
+    def draft(self, k):
+        out = super().draft(k)
+        return [(t + 1) % 64 for t in out] if self.calls <= self.wrong else out
+
+
+def held_tokens(cache) -> int:
+    """How many tokens a per-request cache holds (its attention layers' offset)."""
+    return next(int(c.offset) for c in cache if hasattr(c, "offset"))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3_5", "gemma3_text"])
+def test_plain_mode_pipelines_and_every_cache_holds_what_it_says(arch):
+    """Cost-aware rows whose drafts are wrong at first: the batch decodes plainly with the next step in
+    flight, rows join while it does, then drafts turn right and verify steps return. Every row equals plain
+    greedy; at every step each row's cache holds exactly ``cached_tokens`` (one more while a plain step is in
+    flight), and so does a finished row's kept cache."""
+    dec = BatchSpeculativeDecoder(model_of(arch), keep_finished_caches=True)
+    rows = [(PROMPTS[0], 30, 12), (PROMPTS[2], 24, 30), (PROMPTS[3], 20, 8), (PROMPTS[1], 6, 3)]
+    schedule = {0: rows[:2], 5: rows[2:3], 9: rows[3:]}
+    uids, out, step, kept = [], {}, 0, {}
+    while dec.rows or any(s >= step for s in schedule):
+        for prompt, n, wrong in schedule.get(step, []):
+            truth = plain_greedy(arch, tuple(prompt), n)[0]
+            uids.append(dec.add(prompt, max_tokens=n, drafter=LateDrafter(truth, wrong)))
+            out[uids[-1]] = []
+        for uid, tokens in dec.step().items():
+            out[uid] += tokens
+        for uid in dec.active:
+            assert held_tokens(dec.extract(uid)) == len(dec.cached_tokens(uid)), (uid, step)
+        kept.update(dec.finished_caches)
+        step += 1
+    assert dec.n_plain > 0 and dec.n_accept > 0
+    for uid, (prompt, n, _) in zip(uids, [r for s in sorted(schedule) for r in schedule[s]]):
+        assert_greedy_equal(arch, prompt, n, out[uid])
+        cache, tokens = kept[uid]
+        assert held_tokens(cache) == len(tokens) and tokens == list(prompt) + out[uid][:len(tokens) - len(prompt)]
+
+
 def test_a_row_alone_after_the_batch_emptied():
     """Every row gone (the batch cache is dropped), then a new row starts a new batch."""
     model = model_of("llama")
@@ -226,8 +271,9 @@ def test_unsupported_model_is_refused_before_anything_changes():
 @settings(max_examples=8, deadline=None)
 @given(seed=st.integers(0, 2 ** 31 - 1))
 def test_random_schedules_equal_plain_greedy(seed):
-    """Random prompts, arrival steps, draft lengths, planted draft errors, one random removal; the
-    batch's shared left padding is compacted after every step (COMPACT_AT = 1)."""
+    """Random prompts, arrival steps, draft lengths (fixed, or the cost-aware width with its pipelined plain
+    steps), planted draft errors, one random removal; the batch's shared left padding is compacted after
+    every step (COMPACT_AT = 1)."""
     rng = np.random.default_rng(seed)
     arch = ["llama", "qwen3_5", "gemma3_text"][int(rng.integers(3))]
     dec = BatchSpeculativeDecoder(model_of(arch), max_batch_tokens=int(rng.integers(4, 20)))
@@ -237,7 +283,7 @@ def test_random_schedules_equal_plain_greedy(seed):
         n = int(rng.integers(1, 14))
         truth = plain_greedy(arch, prompt, n)[0]
         kwargs = dict(max_tokens=n, drafter=OracleDrafter(truth, every=int(rng.integers(1, 4))),
-                      draft_max=int(rng.integers(0, 7)))
+                      draft_max=[None, *range(7)][int(rng.integers(8))])   # None: cost-aware, plain mode too
         rows.append((prompt, n))
         schedule.setdefault(int(rng.integers(0, 5)), []).append((list(prompt), kwargs))
     order = [r for step in sorted(schedule) for r in schedule[step]]   # add order

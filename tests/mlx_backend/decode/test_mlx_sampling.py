@@ -11,10 +11,11 @@ import math
 import mlx.core as mx
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 from mlx_lm.sample_utils import make_sampler
 
 from mlx_backend.decode.generate import ngram_speculative_generate_step
-from mlx_backend.decode.sampling import Sampler, accept_or_resample, verify_drafts
+from mlx_backend.decode.sampling import Sampler, accept_or_resample, verify_drafts, verify_rows
 from mlx_backend.models.tiny import tiny_model
 
 ALPHA = 1e-3   # reject "same distribution" below this p-value
@@ -161,3 +162,28 @@ def test_verify_drafts_greedy_and_processors_agree():
     fast = verify_drafts(logits, drafts)
     slow = verify_drafts(logits, drafts, logits_processors=[lambda toks, x: x], history=[1])
     assert fast[0] == slow[0] and fast[2] == slow[2] == 2 + (drafts[2] == fast[0][2])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5), st.sampled_from(["greedy", "opaque", "processor"])),
+                min_size=1, max_size=4),
+       st.integers(0, 2**31 - 1))
+def test_verify_rows_is_verify_drafts_per_row(rows, seed):
+    """Each row of a batched verify gives what verify_drafts gives on that row alone: the same emitted
+    tokens, accepted count and log-probabilities (rows: draft length, how many drafts copy the argmax,
+    how the row draws; padding after a row's real positions is random and must not matter)."""
+    mx.random.seed(seed)
+    S = 1 + max(k for k, _, _ in rows)
+    logits = mx.random.normal((len(rows), S, 12)) * 3
+    argmax = mx.argmax(logits, axis=-1).tolist()
+    drafts = [[argmax[b][i] if i < right else (argmax[b][i] + 1) % 12 for i in range(k)]
+              for b, (k, right, _) in enumerate(rows)]
+    opaque = make_sampler(0.0)   # the kind of sampler mlx-lm's server hands over: a deterministic opaque draw
+    samplers = [opaque if how == "opaque" else None for _, _, how in rows]
+    processors = [[lambda toks, x: x * 1.0] if how == "processor" else None for _, _, how in rows]
+    histories = [[b] for b in range(len(rows))]
+    batched = verify_rows(logits, drafts, samplers, processors, histories)
+    for b, (k, right, _) in enumerate(rows):
+        alone = verify_drafts(logits[b, :k + 1], drafts[b], samplers[b], processors[b], histories[b])
+        assert batched[b][0] == alone[0] and batched[b][2] == alone[2] == min(right, k)
+        assert all(mx.array_equal(x, y).item() for x, y in zip(batched[b][1], alone[1]))
