@@ -232,6 +232,7 @@ class BatchSpeculativeDecoder:
             tokens, logprobs = self._pending
             kept = [i for i in keep if i < tokens.shape[0]]
             self._pending = (tokens[mx.array(kept)], logprobs[mx.array(kept)]) if kept else None
+            self._settle = self._settle and self._pending is not None
 
     def _propose(self) -> None:
         """Each row's proposal for this step (``row.proposal``) and the match length it was drafted on."""
