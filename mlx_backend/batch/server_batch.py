@@ -7,7 +7,9 @@ generation_responses)``, ``extract_cache(uids) -> {uid: (cache, tokens)}``, ``re
 ``prompt_cache_nbytes`` and ``close()``. :class:`SpeculativeBatchGenerator` implements those, with
 mlx-lm's meanings:
 
-* A sequence is prefilled alone, segment by segment, at most ``prefill_step_size`` tokens per ``next()``
+* A sequence is prefilled alone, segment by segment; one ``next()`` prefills at most ``prefill_step_size``
+  tokens, going on to the next waiting sequence when one joins (so that requests arriving together start
+  decoding together, as after mlx-lm's batched prefill, instead of one more decode step per request)
   (one :class:`PromptResponse` per chunk: ``progress`` = (tokens done, total), ``end_of_segment``), into
   its own per-request cache: ``caches[i]`` (a prompt cache from mlx-lm's LRU, holding ``all_tokens[i]``)
   or a fresh one. As in mlx-lm the prompt's last token is not fed; when only it is left the sequence
@@ -15,8 +17,8 @@ mlx-lm's meanings:
   A sequence starts only while fewer than ``completion_batch_size`` rows decode. If the cache already
   holds the whole prompt, one token is trimmed off it (or, for a cache that cannot be trimmed, such as a
   GatedDeltaNet state, the prompt is prefilled afresh) so that there is a last token to feed.
-* Each ``next()`` first runs one speculative step of every decoding row (ONE verify forward), then one
-  prefill chunk. A step emits 1..k+1 tokens per row: one :class:`GenerationResponse` per token, in order,
+* Each ``next()`` first runs one speculative step of every decoding row (ONE verify forward), then the
+  prefill chunks. A step emits 1..k+1 tokens per row: one :class:`GenerationResponse` per token, in order,
   a ``finish_reason`` on the last only. mlx-lm's loop turns each into one server ``Response`` on the
   request's queue (with ``logprobs[token]``), so a client sees them as if they came one per step.
 * Finish: ``"stop"`` when the row's ``stop_sequences`` matcher (mlx-lm's ``make_stop_sequences``: the
@@ -213,21 +215,24 @@ class SpeculativeBatchGenerator:
         """One speculative step of the decoding rows, then one prefill chunk (module docstring)."""
         with mx.stream(self._stream):
             generated = self._decode() if self.decoder.rows else []
-            prompt = []
-            if self._pending and len(self.decoder.rows) < self.completion_batch_size:
-                prompt = self._prefill()
+            prompt, budget = [], self.prefill_step_size
+            while budget > 0 and self._pending and len(self.decoder.rows) < self.completion_batch_size:
+                response, used = self._prefill(budget)
+                prompt.append(response)
+                budget -= used
             return prompt, generated
 
-    def _prefill(self) -> list[PromptResponse]:
+    def _prefill(self, budget: int) -> tuple[PromptResponse, int]:
+        """One chunk of at most ``budget`` tokens of the first waiting sequence, or its join; the tokens fed."""
         seq = self._pending[0]
         if seq.t0 is None:
             seq.t0 = time.perf_counter()
         if len(seq.segments) == 1 and len(seq.segments[0]) == 1:
             self._pending.popleft()
             self._join(seq)
-            return [PromptResponse(seq.uid, (seq.total, seq.total), True, True)]
+            return PromptResponse(seq.uid, (seq.total, seq.total), True, True), 0
         segment = seq.segments[0]
-        chunk = segment[:self.prefill_step_size]
+        chunk = segment[:budget]
         self.model(mx.array(chunk, mx.uint32)[None], cache=seq.cache)
         mx.eval([c.state for c in seq.cache])
         seq.tokens.extend(chunk)
@@ -235,7 +240,7 @@ class SpeculativeBatchGenerator:
         del segment[:len(chunk)]
         if not segment:
             seq.segments.pop(0)
-        return [PromptResponse(seq.uid, (seq.done, seq.total), not segment, False)]
+        return PromptResponse(seq.uid, (seq.done, seq.total), not segment, False), len(chunk)
 
     def _join(self, seq: _Sequence) -> None:
         drafter = seq.plan.drafter if seq.plan.draft_max != 0 else None
