@@ -7,16 +7,13 @@ the batched prompt cache of mlx-lm's ``BatchGenerator`` (per-layer caches built 
 own ``merge`` of per-request caches, grown with ``extend``, shrunk with ``filter``):
 
 * ``BatchKVCache`` (attention): the forward is mlx-lm's own. Row b's queries sit at RoPE positions
-  ``offset[b] .. offset[b] + S - 1`` (``offset`` is a per-row array) and the cache's causal mask
-  (``create_causal_mask(N, offset=_idx, left_padding)``) lets a real query see only the keys up to
-  itself, so the right padding after a row's real tokens never reaches them. ``keep(m)`` first
-  trims ``min_b (S - m[b])`` rows from every row (``trim``: ``_idx`` and ``offset`` go back), then
-  declares each row's remaining surplus ``S - m[b] - min`` as right padding and finalizes: this is
-  mlx-lm's own right-padding mechanism (``prepare(right_padding=...)`` then ``finalize()``, used by
-  ``BatchGenerator`` for right-padded prompts): the rows are rolled right by their padding (the
-  surplus keys wrap into the masked left-padding region), ``left_padding`` grows and ``offset``
-  shrinks by it. Row b's next token then sits at position ``offset[b]`` = its real length and sees
-  exactly its real keys: what m[b] one-token steps would have left (no second forward).
+  ``offset[b] .. offset[b] + S - 1`` (``offset`` is a per-row array) and the cache's causal mask lets a
+  real query see only the keys up to itself, so the right padding after a row's real tokens never
+  reaches them. ``keep(m)`` moves row b's end back by its surplus ``S - m[b]`` and its ``offset``
+  with it (:class:`mlx_backend.batch.ragged._RaggedKV`, given to the verifier's attention caches: rows
+  may end at different columns, the mask follows each row's end, and no key is moved). Row b's next
+  token then sits at position ``offset[b]`` = its real length and sees exactly its real keys: what
+  m[b] one-token steps would have left (no second forward).
 * ``ArraysCache(size=2)`` of a GatedDeltaNet layer (qwen3_5, qwen3_5_moe, qwen3_next; recognised by
   :func:`mlx_backend.decode.rollback.gdn_projections`): the verify forward runs the recording layer of
   :mod:`mlx_backend.decode.rollback` (one token at a time, every per-token recurrent state kept, or
@@ -43,11 +40,8 @@ from mlx_lm.models.cache import ArraysCache, BatchKVCache, BatchRotatingKVCache,
 
 from mlx_backend.decode.rollback import (GDN_PATHS, RollbackUnsupported, attach, checkpoint_interval,
                                          default_gdn_path, detach, gdn_layer, gdn_projections)
+from mlx_backend.batch.ragged import _RaggedKV
 from mlx_backend.batch.rotating import _VerifyingRotating, keep_rows
-
-#: Compact the attention caches (drop the columns that are left padding in every row) once every
-#: row carries at least this many of them (``BatchKVCache.filter`` over all rows does it).
-COMPACT_AT = 64
 
 
 def _unsupported(i: int, c: Any) -> RollbackUnsupported:
@@ -64,20 +58,15 @@ class BatchVerifyCache:
     """A model and its batched prompt cache, for verify forwards cut back per row (module docstring).
 
     ``cache`` is the list of per-layer batch caches (``BatchKVCache``, ``BatchRotatingKVCache``, GDN
-    ``ArraysCache``), updated in place; caches grown with ``extend`` or shrunk with ``filter`` between forwards stay valid. Each
-    :meth:`keep` leaves up to ``max(m) - m[b]`` more left-padding columns in row b; once every row has
-    ``compact_at`` of them they are dropped (``BatchKVCache.filter`` over all rows, mlx-lm's own shift).
+    ``ArraysCache``), updated in place; caches grown with ``extend`` or shrunk with ``filter`` between forwards
+    stay valid.
     """
 
-    def __init__(self, model: nn.Module, cache: list[Any], gdn_path: str | None = None,
-                 compact_at: int | None = None):
+    def __init__(self, model: nn.Module, cache: list[Any], gdn_path: str | None = None):
         gdn_path = gdn_path or default_gdn_path()
         if gdn_path not in GDN_PATHS:
             raise ValueError(f"gdn_path must be one of {GDN_PATHS}, got {gdn_path!r}")
-        compact_at = COMPACT_AT if compact_at is None else compact_at
-        if compact_at < 1:
-            raise ValueError(f"compact_at must be >= 1, got {compact_at}")
-        self.model, self.cache, self.gdn_path, self.compact_at = model, cache, gdn_path, compact_at
+        self.model, self.cache, self.gdn_path = model, cache, gdn_path
         self.kv: list[BatchKVCache] = []
         self.rotating: list[BatchRotatingKVCache] = []
         self.gdn: list[tuple[nn.Module, ArraysCache]] = []
@@ -86,7 +75,7 @@ class BatchVerifyCache:
             layer = layers[i] if len(layers) == len(cache) else None
             for c in (top.caches if isinstance(top, CacheList) else [top]):
                 if isinstance(c, BatchKVCache):
-                    self.kv.append(c)
+                    self.kv.append(attach(c, _RaggedKV))
                 elif isinstance(c, BatchRotatingKVCache):
                     self.rotating.append(attach(c, _VerifyingRotating))
                 elif type(c) is ArraysCache:
@@ -165,23 +154,15 @@ class BatchVerifyCache:
         m = [int(x) for x in m]
         if len(m) != len(self.lengths) or any(not 1 <= a <= n for a, n in zip(m, self.lengths)):
             raise ValueError(f"keep(m) needs 1 <= m[b] <= lengths[b] = {self.lengths}, got {m}")
-        S = self.S
-        surplus = [S - a for a in m]
-        common = min(surplus)
+        surplus = [self.S - a for a in m]
         for c in self.kv:
-            if common:
-                c.trim(common)
-            rest = [s - common for s in surplus]
-            if max(rest) > 0:
-                c.prepare(right_padding=rest)
-                c.finalize()
+            c.trim_rows(surplus)
         for c in self.rotating:
             keep_rows(c, m)
         for layer, c in self.gdn:
             self._keep_gdn(layer, c, m)
             layer._ngram_record = None
         self.S, self.lengths = 0, None
-        self._compact()
 
     @staticmethod
     def _keep_gdn(layer, c: ArraysCache, m: list[int]) -> None:
@@ -193,13 +174,10 @@ class BatchVerifyCache:
         picked = [states[a][b:b + 1] for b, a in enumerate(m)]
         c[1] = mx.concatenate(picked, axis=0) if len(picked) > 1 else picked[0]
 
-    def _compact(self) -> None:
-        """Drop the leading columns that are padding in every row once there are ``compact_at`` of them."""
-        for c in self.kv:
-            if c.keys is not None and min(c.left_padding.tolist()) >= self.compact_at:
-                c.filter(mx.arange(c.left_padding.shape[0]))
-
     def close(self) -> None:
-        """Give the GDN layers and the sliding-window caches their own class back."""
-        for obj in [layer for layer, _ in self.gdn] + self.rotating:
+        """Give the GDN layers and the caches their own class back (the attention rows right-aligned first, as
+        mlx-lm keeps them)."""
+        for c in self.kv:
+            c.align()
+        for obj in [layer for layer, _ in self.gdn] + self.rotating + self.kv:
             detach(obj)

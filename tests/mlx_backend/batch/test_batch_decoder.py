@@ -272,8 +272,7 @@ def test_unsupported_model_is_refused_before_anything_changes():
 @given(seed=st.integers(0, 2 ** 31 - 1))
 def test_random_schedules_equal_plain_greedy(seed):
     """Random prompts, arrival steps, draft lengths (fixed, or the cost-aware width with its pipelined plain
-    steps), planted draft errors, one random removal; the batch's shared left padding is compacted after
-    every step (COMPACT_AT = 1)."""
+    steps), planted draft errors, one random removal."""
     rng = np.random.default_rng(seed)
     arch = ["llama", "qwen3_5", "gemma3_text"][int(rng.integers(3))]
     dec = BatchSpeculativeDecoder(model_of(arch), max_batch_tokens=int(rng.integers(4, 20)))
@@ -290,9 +289,7 @@ def test_random_schedules_equal_plain_greedy(seed):
     removed = (int(rng.integers(0, 6)), int(rng.integers(len(order)))) if rng.random() < 0.5 else None
     if removed is not None and removed[0] < min(schedule):
         removed = None
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("mlx_backend.batch.verify.COMPACT_AT", 1)
-        uids, out = run_schedule_checked(dec, schedule, removed)
+    uids, out = run_schedule_checked(dec, schedule, removed)
     for uid, (prompt, kwargs) in zip(uids, order):
         n = kwargs["max_tokens"]
         assert_greedy_equal(arch, prompt, n, out[uid], prefix=uid not in dec.finished)

@@ -49,7 +49,7 @@ def fresh_last_logits(model, tokens):
     return model(mx.array(tokens[-1:], mx.uint32)[None], cache=cache)[0, -1]
 
 
-def run_steps(arch, seed, n_steps, compact_at=64, gdn_path="states"):
+def run_steps(arch, seed, n_steps, gdn_path="states"):
     """Random prompts (some of length 1), random per-row lengths and m for n_steps verify steps; checks
     logits per row against the solo path each step, then a one-token step against a fresh forward."""
     rng = np.random.default_rng(seed)
@@ -57,7 +57,7 @@ def run_steps(arch, seed, n_steps, compact_at=64, gdn_path="states"):
     B = int(rng.integers(1, 5))
     prompts = [rng.integers(0, V, int(rng.integers(1, 12))).tolist() for _ in range(B)]
     bmodel, smodel = models(arch)
-    bvc = BatchVerifyCache(bmodel, batch_of(bmodel, prompts), gdn_path, compact_at=compact_at)
+    bvc = BatchVerifyCache(bmodel, batch_of(bmodel, prompts), gdn_path)
     solo = [VerifyCache(smodel, prefilled(smodel, p), gdn_path) for p in prompts]
     kept = [list(p) for p in prompts]   # row b's tokens, the last one not yet in the cache
     try:
@@ -108,24 +108,58 @@ def test_sliding_window_rows_after_the_ring_wraps():
         run_steps("gemma3_text", seed, n_steps=6)
 
 
-def test_compaction_keeps_rows_exact():
-    """compact_at=1: the shared left padding is dropped (filter over all rows) after every keep."""
-    for seed in (5, 6, 7):
-        bvc = run_steps("llama", seed, n_steps=4, compact_at=1)
-        for c in bvc.kv:
-            assert min(c.left_padding.tolist()) == 0
-
-
-def test_keep_leaves_offsets_and_padding_as_plain_steps():
-    """BatchKVCache bookkeeping after keep: offset = the row's real length, the columns before it padding."""
+def test_keep_moves_no_key_and_ends_rows_apart():
+    """keep(m) with different m per row: each row ends at its own column, offset = the row's real length,
+    and the keys already cached stay where they were (nothing rolled)."""
     model, _ = models("llama")
     cache = batch_of(model, [[1, 2, 3], [4]])          # cached: 2 and 0 tokens
     bvc = BatchVerifyCache(model, cache)
+    c = cache[0]
+    before = np.array(c.keys[..., :c._idx, :])
     bvc.forward([[3, 9, 9, 9], [4, 5, 0, 0]], [4, 2])
     bvc.keep([2, 1])                                   # rows keep 2 and 1 tokens
-    c = cache[0]
     assert c.offset.tolist() == [4, 1]
-    assert c._idx - c.left_padding.tolist()[0] == 4 and c._idx - c.left_padding.tolist()[1] == 1
+    lp = c.left_padding.tolist()
+    assert [e - p for e, p in zip(c._ngram_ends, lp)] == [4, 1]
+    assert np.array_equal(np.array(c.keys[..., :before.shape[2], :]), before)
+    bvc.close()                                        # mlx-lm's own layout again: right-aligned rows
+    assert [c._idx - p for p in c.left_padding.tolist()] == [4, 1] and not hasattr(c, "_ngram_ends")
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
+def test_extract_and_join_after_rows_ended_apart(arch):
+    """After a keep that ends the rows apart, extract(b) holds row b's real keys exactly (as its solo cache),
+    and a new row joined with extend (the rows right-aligned again) decodes as alone."""
+    model, smodel = models(arch)
+    prompts = [[1, 2, 3, 4, 5], [6, 7]]
+    cache = batch_of(model, prompts)
+    bvc = BatchVerifyCache(model, cache)
+    solo = [VerifyCache(smodel, prefilled(smodel, p), "states") for p in prompts]
+    rows = [[5, 11, 12, 13], [7, 14, 0, 0]]
+    bvc.forward(rows, [4, 2])
+    bvc.keep([3, 1])
+    for b, (r, m) in enumerate(zip(rows, [3, 1])):
+        solo[b].forward(r[:[4, 2][b]], record=True)
+        solo[b].keep(m)
+        mine = [layer.extract(b) for layer in cache]
+        for got, want in zip(mine, solo[b].cache):
+            if hasattr(want, "keys") and type(want).__name__ == "KVCache":
+                assert got.offset == want.offset
+                assert np.array_equal(np.array(got.keys), np.array(want.keys[..., :want.offset, :]))
+    new = [3, 8, 9]
+    joined = batch_of(model, [new])
+    for layer, more in zip(cache, joined):
+        layer.extend(more)
+    kept = [[1, 2, 3, 4, 5, 11, 12], [6, 7]]
+    one = bvc.forward([[20], [21], [9]], [1, 1, 1])
+    bvc.keep([1, 1, 1])
+    for b, toks in enumerate(kept + [new[:-1]]):
+        last = [20, 21, 9][b]
+        want = fresh_last_logits(smodel, toks + [last])
+        assert mx.allclose(one[b, 0], want, atol=ATOL_FRESH, rtol=0).item(), b
+    bvc.close()
+    for s in solo:
+        s.close()
 
 
 def test_bad_arguments():
