@@ -3,13 +3,15 @@ default), ``ngram-spec serve --decode-concurrency 1`` (one request at a time, as
 ``mlx_lm.server`` (its own batching), on the same model directory.
 
 For each workload and each concurrency C (``NGRAM_SPEC_BENCH_CONCURRENCY``, default 1,2,4,8), C ``openai``
-clients send one request each at the same moment, greedy, ``NGRAM_SPEC_BENCH_TOKENS`` (96) tokens at most;
-every request of the run is a different prompt (a repeated one would be copied from the suffix history and
-served from the prompt-cache LRU):
+clients send one request each at the same moment, greedy; every request of the run is a different prompt (a
+repeated one would be copied from the suffix history and served from the prompt-cache LRU):
 
     edits   real edits of ``benchmarks/data/edit-traces.jsonl.xz`` (an instruction and a file; the answer
-            is the file back), a different one per client
-    free    free-writing prompts, a different one per client
+            is the file back), a different one per client, ``NGRAM_SPEC_BENCH_EDIT_TOKENS`` (512) tokens at
+            most: room for the whole file (400-2,000 characters), as an agent's edit asks
+    free    free-writing prompts, a different one per client, ``NGRAM_SPEC_BENCH_TOKENS`` (96) tokens at most
+
+``NGRAM_SPEC_BENCH_WORKLOADS`` (default ``edits,free``) picks the workloads.
 
 Reported per server: aggregate tokens/s (all completion tokens / wall seconds from the first send to the
 last answer) and the p50 / p95 of the requests' latencies; the ratios of the batched server to plain
@@ -42,7 +44,9 @@ pytest.importorskip("mlx_lm")
 from test_bench_server import conditions, smollm2_dir  # noqa: E402,F401 (a fixture)
 from test_server import Server  # noqa: E402
 
-MAX_TOKENS = int(os.environ.get("NGRAM_SPEC_BENCH_TOKENS", "96"))
+MAX_TOKENS = {"edits": int(os.environ.get("NGRAM_SPEC_BENCH_EDIT_TOKENS", "512")),
+              "free": int(os.environ.get("NGRAM_SPEC_BENCH_TOKENS", "96"))}
+WORKLOADS = os.environ.get("NGRAM_SPEC_BENCH_WORKLOADS", "edits,free").split(",")
 CONCURRENCY = [int(c) for c in os.environ.get("NGRAM_SPEC_BENCH_CONCURRENCY", "1,2,4,8").split(",")]
 TRACES = Path(__file__).resolve().parents[3] / "benchmarks" / "data" / "edit-traces.jsonl.xz"
 FREE_ASKS = ("Write a short story about {}.", "Write a poem about {}.", "Describe {} to a ten-year-old.")
@@ -84,19 +88,19 @@ def servers(smollm2_dir):
             server.stop(check=name != "mlx_lm")  # mlx_lm.server does not handle SIGTERM
 
 
-def ask(server: Server, prompt: str) -> dict:
+def ask(server: Server, prompt: str, max_tokens: int) -> dict:
     t0 = time.perf_counter()
     r = server.client.chat.completions.create(model="default_model", messages=[{"role": "user", "content": prompt}],
-                                              max_tokens=MAX_TOKENS, temperature=0.0)
+                                              max_tokens=max_tokens, temperature=0.0)
     return {"text": r.choices[0].message.content or "", "tokens": r.usage.completion_tokens,
             "seconds": time.perf_counter() - t0}
 
 
-def together(server: Server, prompts: list[str]) -> dict:
+def together(server: Server, prompts: list[str], max_tokens: int) -> dict:
     """All ``prompts`` at once, one client thread each: aggregate tok/s, latency p50 / p95, the answers."""
     t0 = time.perf_counter()
     with ThreadPoolExecutor(len(prompts)) as pool:
-        answers = list(pool.map(lambda p: ask(server, p), prompts))
+        answers = list(pool.map(lambda p: ask(server, p, max_tokens), prompts))
     wall = time.perf_counter() - t0
     latencies = sorted(a["seconds"] for a in answers)
     return {"tok_s": round(sum(a["tokens"] for a in answers) / wall, 2),
@@ -107,7 +111,10 @@ def together(server: Server, prompts: list[str]) -> dict:
 
 def test_bench_concurrent_clients(benchmark, servers):
     n = sum(CONCURRENCY)
-    workloads = {"edits": edit_requests(n), "free": free_requests(n)}
+    unknown = set(WORKLOADS) - set(MAX_TOKENS)
+    assert not unknown, f"NGRAM_SPEC_BENCH_WORKLOADS: unknown {sorted(unknown)}; choose from {sorted(MAX_TOKENS)}"
+    workloads = {name: make(n) for name, make in (("edits", edit_requests), ("free", free_requests))
+                 if name in WORKLOADS}
     assert all(len(set(p)) == n for p in workloads.values()), "not enough different prompts"
     report = {}
 
@@ -116,7 +123,7 @@ def test_bench_concurrent_clients(benchmark, servers):
             for i, c in enumerate(CONCURRENCY):
                 prompts = pool[sum(CONCURRENCY[:i]):sum(CONCURRENCY[:i + 1])]
                 order = list(servers)[(w + c) % 3:] + list(servers)[:(w + c) % 3]
-                cell = {s: together(servers[s], prompts) for s in order}
+                cell = {s: together(servers[s], prompts, MAX_TOKENS[name]) for s in order}
                 assert cell["batched"]["texts"] == cell["one at a time"]["texts"], f"{name} C={c}: answers differ"
                 report.setdefault(name, {})[f"C={c}"] = {
                     **{s: {k: v for k, v in r.items() if k != "texts"} for s, r in cell.items()},
@@ -126,5 +133,5 @@ def test_bench_concurrent_clients(benchmark, servers):
 
     benchmark.pedantic(run_all, rounds=1, iterations=1)
     report["rows_per_forward"] = servers["batched"].stats()["rows_per_forward"]
-    benchmark.extra_info.update(report=report, **{**conditions(), "max_tokens": MAX_TOKENS})
+    benchmark.extra_info.update(report=report, **{**conditions(), "max_tokens": {w: MAX_TOKENS[w] for w in workloads}})
     print(json.dumps(report, indent=1))
