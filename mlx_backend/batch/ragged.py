@@ -102,13 +102,12 @@ class _RaggedKV(BatchKVCache):
         super().extend(other)
 
     def filter(self, batch_indices):
-        ends = self._ngram_ends
-        before = self._idx
-        kept = [int(i) for i in (batch_indices.tolist() if isinstance(batch_indices, mx.array) else batch_indices)]
+        ends, before = self._ngram_ends, self._idx
         super().filter(batch_indices)   # may shift every row left by the padding all of them share
-        if ends is not None and kept:
-            shift = before - self._idx
-            self._set_ends([ends[i] - shift for i in kept])
+        if ends is not None:
+            kept = batch_indices.tolist() if isinstance(batch_indices, mx.array) else list(batch_indices)
+            if kept:
+                self._set_ends([ends[int(i)] - (before - self._idx) for i in kept])
 
     def extract(self, idx):
         ends = self._ngram_ends

@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
-from mlx_lm.models.cache import ArraysCache, make_prompt_cache
+from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
 
 from mlx_backend.batch.verify import BatchVerifyCache
 from mlx_backend.decode.rollback import RollbackUnsupported, VerifyCache
@@ -126,6 +126,20 @@ def test_keep_moves_no_key_and_ends_rows_apart():
     assert [c._idx - p for p in c.left_padding.tolist()] == [4, 1] and not hasattr(c, "_ngram_ends")
 
 
+def test_trim_of_rows_ended_apart_trims_every_row():
+    """mlx-lm's trim(n) on rows that end apart takes n keys off every row, as trim_rows([n] * B) does."""
+    model, _ = models("llama")
+    cache = batch_of(model, [[1, 2, 3], [4]])
+    bvc = BatchVerifyCache(model, cache)
+    bvc.forward([[3, 9, 9, 9], [4, 5, 0, 0]], [4, 2])
+    bvc.keep([4, 1])                                   # ends apart: real lengths 6 and 1
+    c = cache[0]
+    assert c.trim(1) == 1
+    assert c.offset.tolist() == [5, 0]
+    assert [e - p for e, p in zip(c._ngram_ends, c.left_padding.tolist())] == [5, 0]
+    bvc.close()
+
+
 @pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
 def test_extract_and_join_after_rows_ended_apart(arch):
     """After a keep that ends the rows apart, extract(b) holds row b's real keys exactly (as its solo cache),
@@ -143,7 +157,7 @@ def test_extract_and_join_after_rows_ended_apart(arch):
         solo[b].keep(m)
         mine = [layer.extract(b) for layer in cache]
         for got, want in zip(mine, solo[b].cache):
-            if hasattr(want, "keys") and type(want).__name__ == "KVCache":
+            if type(want) is KVCache:   # gemma3_text's sliding-window layers are RotatingKVCache
                 assert got.offset == want.offset
                 assert np.array_equal(np.array(got.keys), np.array(want.keys[..., :want.offset, :]))
     new = [3, 8, 9]
