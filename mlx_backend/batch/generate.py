@@ -19,7 +19,9 @@ drafter is reset on the prompt and taught every emitted token. How much of the p
 verifies is one width S for all rows (:mod:`mlx_backend.batch.policy`: the forward costs B S token rows,
 padding included): the S with the most expected tokens per cost, from each cost-aware row's acceptance
 (learned per match length from all its proposals, as alone) and the verify-cost curve generation learns
-on this model and machine; rows with a fixed ``draft_max`` verify their whole proposal, as alone.
+on this model and machine; rows with a fixed ``draft_max`` verify their whole proposal, as alone. While
+``burst()`` says nobody waits to join (a server's queue is empty), the width is the policy's burst rule
+instead: the S that saves the most time per cost until the last row ends (from each row's tokens left).
 ``max_batch_tokens`` caps ``B S``, so one row's long draft cannot starve the others; each row keeps at
 least its own token (a budget below the number of rows still advances every row by one).
 
@@ -113,10 +115,13 @@ class BatchSpeculativeDecoder:
 
     ``eos_token_ids``: tokens that end a row (the EOS is part of its output). ``max_batch_tokens``: the
     per-step cap on the forward's tokens, rows times width (None: no cap). ``gdn_path``: :data:`mlx_backend.decode.rollback.GDN_PATHS`.
+    ``burst``: called before each width choice, True when no request waits to join the rows (the burst
+    rule of :mod:`mlx_backend.batch.policy`); None: never (the summed rate always).
     """
 
     def __init__(self, model: nn.Module, *, eos_token_ids: Iterable[int] = (), max_batch_tokens: Optional[int] = None,
-                 prefill_step_size: int = 2048, gdn_path: Optional[str] = None, keep_finished_caches: bool = False):
+                 prefill_step_size: int = 2048, gdn_path: Optional[str] = None, keep_finished_caches: bool = False,
+                 burst: Optional[Callable[[], bool]] = None):
         if max_batch_tokens is not None and max_batch_tokens < 1:
             raise ValueError(f"max_batch_tokens must be >= 1 or None, got {max_batch_tokens}")
         if prefill_step_size < 1:
@@ -129,6 +134,7 @@ class BatchSpeculativeDecoder:
         self.verifier: Optional[BatchVerifyCache] = None
         self.finished: dict[int, str] = {}  # uid -> "length" | "stop"
         self.keep_finished_caches = keep_finished_caches
+        self.burst = burst
         self.finished_caches: dict[int, tuple[list[Any], list[int]]] = {}   # uid -> (its cache at its finish, the tokens it holds)
         self._pending: Optional[tuple[mx.array, mx.array]] = None   # plain mode: tokens [B'] and logprobs in flight
         self._settle = False   # a row joined while plain steps were in flight: read them, start no more
@@ -247,7 +253,14 @@ class BatchSpeculativeDecoder:
         n = [len(r.proposal) for r in self.rows]
         s_min = 1 + max((k for r, k in zip(self.rows, n) if r.policy is None), default=0)
         rel = relative_costs(self.step_costs, len(n) * (1 + max(n)))
-        return width([r.expected() for r in self.rows], n, rel, s_min=s_min, max_batch_tokens=self.max_batch_tokens)
+        return width([r.expected() for r in self.rows], n, rel, s_min=s_min, max_batch_tokens=self.max_batch_tokens,
+                     remaining=self._remaining(0))
+
+    def _remaining(self, flying: int) -> Optional[list[int]]:
+        """Each row's tokens left (``max_tokens`` - emitted - ``flying``) in a burst (``burst()``), else None."""
+        if self.burst is None or not self.burst():
+            return None
+        return [r.max_tokens - r.n_out - flying for r in self.rows]
 
     def step(self) -> dict[int, list[int]]:
         """One forward for every active row; returns each row's new tokens (uid -> tokens). Rows that
@@ -311,7 +324,7 @@ class BatchSpeculativeDecoder:
         estimate = self.step_costs.estimate()
         c1, c_p = (estimate[0][0], estimate[1]) if estimate is not None else (1.0, 1.0)
         return leave_plain(expected, n, rel, rel_plain=c_p / c1 * rel[B - 1], rel_restart=max(c1 - c_p, 0.0) / c1,
-                           max_batch_tokens=self.max_batch_tokens)
+                           max_batch_tokens=self.max_batch_tokens, remaining=self._remaining(1))
 
     def _plain_step(self, proposed: bool = False) -> dict[int, list[int]]:
         """Read the plain step in flight (launching the next one first unless :meth:`_leave_plain`)."""

@@ -27,6 +27,34 @@ timed it is the prior ``1 + PRIOR_SLOPE (T - 1)``.
 3
 >>> width([[1.0, 1.1, 1.15], [1.0, 1.1, 1.15]], [2, 2], [1.0, 1.1, 1.2, 1.3, 1.4, 1.5])  # neither does
 1
+
+Bursts. Summed tokens per cost is right while requests wait for a row: a row that ends early makes room
+for the next one. When nobody waits (a burst: the rows are all there is), the time that matters is the
+time until the LAST row ends, and a token of a row that will end early anyway saves almost nothing: only
+the marginal cost of one row in the plain steps that the others still need. With ``R_b`` the tokens row b
+has left (``max_tokens`` minus those emitted) and ``p(k)`` the cost of a plain step of k rows, finishing
+plainly takes (rows sorted by R, longest first, ``R_(B+1) = 0``; :func:`plain_time`)
+
+    P(R) = sum_i (R_(i) - R_(i+1)) p(i),
+
+and a step that leaves the rows ``R - E(S)`` saves the burst ``P(R) - P(R - E(S))`` of that time. The
+burst width is the S that saves the most time per cost (ties to the narrower, as above):
+
+    S*_burst = argmax_S  (P(R) - P(R - E(S))) / c(B S),      E(S)_b = E_b(min(n_b, S - 1)).
+
+Taking a token off the row with the most left saves a whole step ``p(1)``; off any other row (or off
+one of several rows tied for the most, as a burst's rows start) only ``p(k) - p(k - 1)``, the slope of
+the cost curve. A plain step saves exactly its cost, ``p(B)``: so a burst drafts only where the rows that
+set its end copy, whatever the others do. On free text, where drafts pay for some rows now and then, it
+decodes plainly; on edits the copies still pay, as every row that copies soon has the most left (its
+``max_tokens`` is far away). The summed rule is the case where every token saves the same: with one row,
+or rows that expect the same ``E`` and have as many left, the two rules choose the same S.
+
+>>> costs = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5]
+>>> width([[1.0, 1.9, 2.7], [1.0, 1.1, 1.15]], [2, 2], costs, remaining=[50, 50])   # the other row sets the end
+1
+>>> width([[1.0, 1.1, 1.15], [1.0, 1.9, 2.7]], [2, 2], costs, remaining=[30, 50])   # the last row copies
+3
 """
 from __future__ import annotations
 
@@ -49,26 +77,54 @@ def expected_tokens(acceptance: Sequence[float], n: int) -> list[float]:
     return out
 
 
-def width(expected: Sequence[Sequence[float]], n_available: Sequence[int], rel_cost: Sequence[float], *,
-          s_min: int = 1, max_batch_tokens: Optional[int] = None) -> int:
-    """S* of the module docstring: ``expected[b][n]`` = E_b(n) for n = 0..n_available[b], ``rel_cost[T - 1]``
-    = c(T) / c(1) for T = 1..B * (1 + max n) at least."""
-    B = len(expected)
+def plain_time(remaining: Sequence[float], rel_plain: Sequence[float]) -> float:
+    """P(R) of the module docstring: the cost of decoding rows with ``remaining`` tokens left plainly to
+    the last one, ``rel_plain[k - 1]`` = p(k) the cost of a plain step of k rows (negative R: 0).
+
+    >>> plain_time([3, 1], [1.0, 1.5])   # one step of both rows, then two of the longer alone
+    3.5
+    """
+    r = sorted((max(float(x), 0.0) for x in remaining), reverse=True) + [0.0]
+    return sum((r[i] - r[i + 1]) * rel_plain[i] for i in range(len(r) - 1))
+
+
+def _s_range(B: int, n_available: Sequence[int], max_batch_tokens: Optional[int]) -> int:
     s_max = 1 + max(n_available, default=0)
     if max_batch_tokens is not None:
         s_max = min(s_max, max(1, max_batch_tokens // max(B, 1)))
+    return s_max
+
+
+def _burst_left(expected, n_available, remaining, S: int) -> list[float]:
+    """R - E(S): each row's tokens left after a step of width S (expected)."""
+    return [R - e[min(n, S - 1)] for e, n, R in zip(expected, n_available, remaining)]
+
+
+def width(expected: Sequence[Sequence[float]], n_available: Sequence[int], rel_cost: Sequence[float], *,
+          s_min: int = 1, max_batch_tokens: Optional[int] = None,
+          remaining: Optional[Sequence[float]] = None) -> int:
+    """S* of the module docstring: ``expected[b][n]`` = E_b(n) for n = 0..n_available[b], ``rel_cost[T - 1]``
+    = c(T) / c(1) for T = 1..B * (1 + max n) at least. With ``remaining`` (R_b, a burst: nobody waits for
+    a row) S*_burst instead, plain steps costing ``p(k) = c(k)``."""
+    B = len(expected)
+    s_max = _s_range(B, n_available, max_batch_tokens)
     s_min = min(max(s_min, 1), s_max)
+    before = plain_time(remaining, rel_cost) if remaining is not None else 0.0
     best, best_rate = s_min, -1.0
     for S in range(s_min, s_max + 1):
-        tokens = sum(e[min(n, S - 1)] for e, n in zip(expected, n_available))
-        rate = tokens / rel_cost[B * S - 1]
+        if remaining is not None:   # the time this step saves the burst
+            gain = before - plain_time(_burst_left(expected, n_available, remaining, S), rel_cost)
+        else:
+            gain = sum(e[min(n, S - 1)] for e, n in zip(expected, n_available))
+        rate = gain / rel_cost[B * S - 1]
         if rate > best_rate * (1 + 1e-9):
             best, best_rate = S, rate
     return best
 
 
 def leave_plain(expected: Sequence[Sequence[float]], n_available: Sequence[int], rel_cost: Sequence[float], *,
-                rel_plain: float, rel_restart: float = 0.0, max_batch_tokens: Optional[int] = None) -> bool:
+                rel_plain: float, rel_restart: float = 0.0, max_batch_tokens: Optional[int] = None,
+                remaining: Optional[Sequence[float]] = None) -> bool:
     """Whether to stop pipelined plain steps for a verify step: while every row's next token is in flight,
     each row's proposal guesses it with its first token, so ``expected[b][n]`` is what a verify of the n
     drafts after the guess yields, ``E_b(n + 1) - a_1`` (the single-sequence rule of
@@ -81,11 +137,25 @@ def leave_plain(expected: Sequence[Sequence[float]], n_available: Sequence[int],
     True
     >>> leave_plain([[1.0, 1.1], [1.0, 1.0]], [1, 0], [1.0, 1.1, 1.2, 1.3], rel_plain=1.1)
     False
+
+    With ``remaining`` (R_b after the token in flight; a burst), the burst rule: leave when some
+    ``S >= 2`` saves more time per cost, ``(P(R) - P(R - E(S))) / (c(B S) + restart) > (P(R) - P(R - 1)) /
+    c_p(B)``, plain steps of k rows costing ``p(k) = c(k) c_p(B) / c(B)`` (the pipelined discount of B
+    rows, for every k).
+
+    >>> leave_plain([[1.0, 1.9], [1.0, 1.0]], [1, 0], [1.0, 1.1, 1.2, 1.3], rel_plain=1.1, remaining=[40, 40])
+    False
+    >>> leave_plain([[1.0, 1.9], [1.0, 1.0]], [1, 0], [1.0, 1.1, 1.2, 1.3], rel_plain=1.1, remaining=[40, 20])
+    True
     """
     B = len(expected)
-    s_max = 1 + max(n_available, default=0)
-    if max_batch_tokens is not None:
-        s_max = min(s_max, max(1, max_batch_tokens // max(B, 1)))
+    s_max = _s_range(B, n_available, max_batch_tokens)
+    if remaining is not None:
+        p = [c * rel_plain / rel_cost[B - 1] for c in rel_cost[:B]]
+        before = plain_time(remaining, p)
+        plain = (before - plain_time([R - 1 for R in remaining], p)) / rel_plain
+        return any((before - plain_time(_burst_left(expected, n_available, remaining, S), p))
+                   / (rel_cost[B * S - 1] + rel_restart) > plain for S in range(2, s_max + 1))
     plain_rate = B / rel_plain
     for S in range(2, s_max + 1):
         tokens = sum(e[min(n, S - 1)] for e, n in zip(expected, n_available))

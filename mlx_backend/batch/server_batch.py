@@ -35,6 +35,10 @@ Per sequence, ``plan(all_tokens, prompt)`` (called by ``insert_segments``; ``pro
 gives its :class:`RowPlan`: the drafter and the draft length (0: plain decoding) and ``on_finish``,
 called once with a :class:`RowReport` when the sequence finishes (``completed``) or is removed or closed
 (not). ``on_forward(rows)`` is called after each verify forward with the number of rows it verified.
+
+The decoder's width follows the burst rule of :mod:`mlx_backend.batch.policy` (the time until the last
+row ends) while no sequence waits for or is in prefill, else the summed tokens per cost (a row that ends
+early lets a waiting one start).
 """
 from __future__ import annotations
 
@@ -155,7 +159,8 @@ class SpeculativeBatchGenerator:
         self.model, self.plan, self.on_forward = model, plan, on_forward
         self.completion_batch_size, self.prefill_step_size, self.max_tokens = (completion_batch_size,
                                                                                prefill_step_size, max_tokens)
-        self.decoder = BatchSpeculativeDecoder(model, max_batch_tokens=max_batch_tokens, keep_finished_caches=True)
+        self.decoder = BatchSpeculativeDecoder(model, max_batch_tokens=max_batch_tokens, keep_finished_caches=True,
+                                               burst=lambda: not self._pending)
         self._stream = stream or mx.default_stream(mx.default_device())
         self._uids = itertools.count()
         self._pending: deque[_Sequence] = deque()   # waiting for or in prefill, in order

@@ -272,10 +272,12 @@ def test_unsupported_model_is_refused_before_anything_changes():
 @given(seed=st.integers(0, 2 ** 31 - 1))
 def test_random_schedules_equal_plain_greedy(seed):
     """Random prompts, arrival steps, draft lengths (fixed, or the cost-aware width with its pipelined plain
-    steps), planted draft errors, one random removal."""
+    steps), planted draft errors, one random removal; the summed width, the burst width, or either at random
+    from step to step (a server's queue filling and emptying)."""
     rng = np.random.default_rng(seed)
     arch = ["llama", "qwen3_5", "gemma3_text"][int(rng.integers(3))]
-    dec = BatchSpeculativeDecoder(model_of(arch), max_batch_tokens=int(rng.integers(4, 20)))
+    burst = [None, lambda: True, lambda: bool(rng.random() < 0.5)][int(rng.integers(3))]
+    dec = BatchSpeculativeDecoder(model_of(arch), max_batch_tokens=int(rng.integers(4, 20)), burst=burst)
     rows, schedule = [], {}
     for _ in range(int(rng.integers(2, 5))):
         prompt = tuple(rng.integers(0, 64, int(rng.integers(1, 10))).tolist())

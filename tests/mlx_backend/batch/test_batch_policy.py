@@ -1,9 +1,11 @@
-"""The batched verify width (mlx_backend.batch.policy): properties of the rule S* = argmax tokens / c(B S)."""
+"""The batched verify width (mlx_backend.batch.policy): properties of the rule S* = argmax tokens / c(B S), and
+of the burst rule S*_burst = argmax (P(R) - P(R - E(S))) / c(B S) (nobody waits: the time until the last row
+ends)."""
 from __future__ import annotations
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import assume, given, settings, strategies as st
 
-from mlx_backend.batch.policy import expected_tokens, relative_costs, width
+from mlx_backend.batch.policy import expected_tokens, leave_plain, plain_time, relative_costs, width
 from mlx_backend.decode.draft_policy import DraftPolicy, StepCosts
 
 
@@ -73,3 +75,78 @@ def test_relative_costs_extend_the_learned_curve():
     assert len(rel) == 10 and rel[0] == 1.0
     assert all(b >= a for a, b in zip(rel, rel[1:]))           # never cheaper for more tokens
     assert rel[3] < rel[9] and rel[9] - rel[8] >= 0.25 - 1e-12  # beyond the curve: at least the prior slope
+
+
+# ---- bursts: nobody waits, the time until the last row ends --------------------------------------------
+
+COPIES, WRITES = [0.95] * 8, [0.05] * 8    # a row copying its prompt; one writing its own text
+SMOLLM2_LIKE = curve(40, 0.12)              # about the learned curve: c(4) ~ 1.35, c(16) ~ 2.8
+
+
+def test_burst_decodes_plainly_when_the_critical_row_drafts_poorly():
+    """Four rows of a free-chat burst: three copy well, the one with the most left does not. Summed tokens
+    per cost drafts (the copies pay for themselves); the burst rule decodes plainly, since the burst ends
+    when that row does, and wider steps only slow it."""
+    expected = [expected_tokens(a, 8) for a in (COPIES, COPIES, COPIES, WRITES)]
+    n = [8] * 4
+    assert width(expected, n, SMOLLM2_LIKE) > 1
+    assert width(expected, n, SMOLLM2_LIKE, remaining=[40, 40, 40, 60]) == 1
+    assert width(expected, n, SMOLLM2_LIKE, remaining=[60, 60, 60, 60]) == 1   # tied: the writer ends last
+
+
+def test_burst_drafts_when_the_critical_row_copies():
+    """The same rows, but now the copying row has the most left (an edit's answer): its drafts shorten the
+    burst, and the burst rule drafts as wide as the summed rule would for it."""
+    expected = [expected_tokens(a, 8) for a in (WRITES, WRITES, WRITES, COPIES)]
+    n = [8] * 4
+    assert width(expected, n, SMOLLM2_LIKE, remaining=[40, 40, 40, 60]) > 1
+    assert width([expected[3]], [8], SMOLLM2_LIKE, remaining=[60]) == width([expected[3]], [8], SMOLLM2_LIKE)
+    all_copy = [expected_tokens(COPIES, 8)] * 4
+    assert width(all_copy, n, SMOLLM2_LIKE, remaining=[60, 60, 60, 60]) > 1
+
+
+def test_burst_leaves_plain_steps_only_for_the_critical_row():
+    rel, rel_plain = SMOLLM2_LIKE, 0.9 * SMOLLM2_LIKE[3]
+    guesses = [[e - COPIES[0] for e in expected_tokens(COPIES, 8)[1:]],
+               [e - WRITES[0] for e in expected_tokens(WRITES, 8)[1:]]] * 2
+    n = [7] * 4
+    assert leave_plain(guesses, n, rel, rel_plain=rel_plain)                           # summed: the copies pay
+    assert not leave_plain(guesses, n, rel, rel_plain=rel_plain, remaining=[40, 60, 40, 60])
+    assert leave_plain(guesses, n, rel, rel_plain=rel_plain, remaining=[60, 40, 60, 40])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 30), min_size=1, max_size=6), st.floats(0.0, 1.0))
+def test_plain_time_is_plain_decoding_to_the_last_row(remaining, slope):
+    """P(R) = the sum over plain steps of p(rows still decoding), each step one token of every row."""
+    p = curve(len(remaining), slope)
+    left, total = list(remaining), 0.0
+    while any(left):
+        total += p[sum(1 for r in left if r) - 1]
+        left = [max(r - 1, 0) for r in left]
+    assert abs(plain_time(remaining, p) - total) < 1e-9
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows, st.floats(0.0, 2.0), st.lists(st.floats(0.0, 200.0), min_size=6, max_size=6))
+def test_the_burst_width_saves_the_most_time_per_cost(rows_, slope, remaining):
+    expected, n = table(rows_)
+    B, T = len(n), len(n) * (1 + max(n))
+    costs, R = curve(T, slope), remaining[:B]
+    saved = lambda S_: (plain_time(R, costs) - plain_time(  # noqa: E731
+        [r - e[min(k, S_ - 1)] for r, e, k in zip(R, expected, n)], costs)) / costs[B * S_ - 1]
+    S = width(expected, n, costs, remaining=R)
+    assert all(saved(S) >= saved(other) - 1e-6 for other in range(1, max(n) + 2))
+
+
+@settings(max_examples=200, deadline=None)
+@given(acceptances, st.integers(1, 12), st.integers(1, 6), st.floats(0.01, 2.0))
+def test_alike_rows_burst_as_they_sum(a, k, B, slope):
+    """One row, or rows that expect the same tokens and have as many left: every token saves the same
+    time, and the burst rule chooses the summed rule's S."""
+    e = expected_tokens(a, k)
+    n = min(k, len(a))
+    costs = curve(B * (1 + n), slope)
+    rates = sorted(e[S - 1] / costs[B * S - 1] for S in range(1, n + 2))
+    assume(all(y - x > 1e-6 * y for x, y in zip(rates, rates[1:])))   # no ties: both take the narrower, up to rounding
+    assert width([e] * B, [n] * B, costs, remaining=[500.0] * B) == width([e] * B, [n] * B, costs)

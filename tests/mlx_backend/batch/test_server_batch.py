@@ -112,3 +112,16 @@ def test_a_given_prompt_cache_is_continued_and_a_removed_row_is_not_completed():
 def test_the_tiny_models_caches_are_batchable():
     for arch in ("llama", "qwen3_5", "gemma3_text"):
         assert batch_unsupported(model_of(arch)) is None, arch
+
+
+def test_the_burst_rule_holds_while_nobody_waits():
+    """The decoder's width is the burst rule's exactly while no sequence waits for or is in prefill."""
+    gen = SpeculativeBatchGenerator(model_of("llama"), prefill_step_size=4)
+    assert gen.decoder.burst()
+    gen.insert_segments([[PROMPTS[0]], [PROMPTS[2]]], max_tokens=[4, 4])
+    assert not gen.decoder.burst()
+    gen.next()
+    assert not gen.decoder.burst()   # the second sequence still waits
+    drive(gen, [])
+    assert gen.decoder.burst()
+    gen.close()
