@@ -19,6 +19,7 @@ The BLAS is the process's: for the bandwidth-bound configuration run it with Ope
 ``ngsolve-openblas`` wheel's library::
 
     LD_PRELOAD=$(python3 -c 'from mlx_backend.machine.blas import wheel_openblas; print(wheel_openblas())') \\
+        LD_LIBRARY_PATH=$(python3 -c 'from mlx_backend.machine.blas import gfortran_folder; print(gfortran_folder())') \\
         OPENBLAS_NUM_THREADS=2 python3 -m pytest --benchmark-only tests/mlx_backend/decode/test_bench_edit_drafters.py
 
 ``NGRAM_SPEC_BENCH_TOKENS`` (256) caps the tokens per prompt, ``NGRAM_SPEC_BENCH_ROUNDS`` (2) the rounds,

@@ -23,6 +23,7 @@ equal them is reported. The servers run in the order rotating per cell.
 Run with OpenBLAS for the bandwidth-bound configuration (the servers inherit the environment)::
 
     LD_PRELOAD=$(python3 -c 'from mlx_backend.machine.blas import wheel_openblas; print(wheel_openblas())') \\
+        LD_LIBRARY_PATH=$(python3 -c 'from mlx_backend.machine.blas import gfortran_folder; print(gfortran_folder())') \\
         OPENBLAS_NUM_THREADS=1 python3 -m pytest --benchmark-only -s tests/mlx_backend/serve/test_bench_server_concurrency.py
 """
 from __future__ import annotations
