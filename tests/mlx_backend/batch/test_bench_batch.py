@@ -24,9 +24,13 @@ Every spec-batched output must equal the same request's one-at-a-time output (wh
 equal to plain greedy); whether plain batching's outputs equal them too is reported, not asserted
 (``batch_generate`` pads rows, which may change the last bits of a logit).
 
+``test_bench_lone_request_vs_one_at_a_time`` times C = 1 more closely: every prompt alone, batched (a batch
+of one row) and one at a time back to back, ``NGRAM_SPEC_BENCH_ROUNDS`` (2) rounds, the median per-prompt ratio.
+
 Run it with OpenBLAS interposed for the bandwidth-bound configuration (the BLAS that ran is recorded)::
 
     LD_PRELOAD=$(python3 -c 'from mlx_backend.machine.blas import wheel_openblas; print(wheel_openblas())') \\
+        LD_LIBRARY_PATH=$(python3 -c 'from mlx_backend.machine.blas import gfortran_folder; print(gfortran_folder())') \\
         OPENBLAS_NUM_THREADS=1 python3 -m pytest --benchmark-only -s tests/mlx_backend/batch/test_bench_batch.py
 """
 from __future__ import annotations
@@ -34,6 +38,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -133,5 +138,44 @@ def test_bench_batched_speculation(benchmark, smollm2):
     benchmark.pedantic(run_all, rounds=1, iterations=1)
     benchmark.extra_info.update(report=report, model=desc, blas=blas_in_use(), max_tokens=MAX_TOKENS,
                                 draft_max="auto" if DRAFT_MAX is None else DRAFT_MAX, machine=f"{platform.machine()}, {os.cpu_count()} CPUs",
+                                load_average=[round(x, 2) for x in os.getloadavg()])
+    print(json.dumps(report, indent=1))
+
+
+ROUNDS = int(os.environ.get("NGRAM_SPEC_BENCH_ROUNDS", "2"))
+
+
+def test_bench_lone_request_vs_one_at_a_time(benchmark, smollm2):
+    """Issue 28's "C = 1 no slower than today's serve", below the server: each prompt (the edits and the free
+    writing above) alone through the batched decoder (a batch of one row) and through the single-sequence
+    loop, back to back in an order that alternates, ``NGRAM_SPEC_BENCH_ROUNDS`` (2) rounds; the median and
+    the spread of the per-prompt time ratios, batched / one at a time (> 1: the batched path is slower)."""
+    model, tokenizer, desc = smollm2
+    eos = set(tokenizer.eos_token_ids)
+    free_texts = [next(p.text for p in demo.DEMO_PROMPTS if p.kind == "free writing"), *FREE]
+    prompts = [prompt_tokens(tokenizer, t) for t in [t for _, t in edit_prompts()] + free_texts]
+    ways = {"one at a time": lambda p: one_at_a_time(model, [p], eos)[0],
+            "spec batched": lambda p: spec_batched(model, [p], eos)[0]}
+    spec_batched(model, prompts[-2:], eos)   # warm-up: kernels, graphs
+    seconds = {way: [] for way in ways}
+
+    def run_all():
+        for r in range(ROUNDS):
+            for i, p in enumerate(prompts):
+                outs = {}
+                for way in list(ways)[(i + r) % 2:] + list(ways)[:(i + r) % 2]:
+                    t0 = time.perf_counter()
+                    outs[way] = ways[way](p)
+                    seconds[way].append(time.perf_counter() - t0)
+                assert outs["spec batched"] == outs["one at a time"], f"prompt {i}: batched output differs"
+
+    benchmark.pedantic(run_all, rounds=1, iterations=1)
+    ratios = sorted(b / s for b, s in zip(seconds["spec batched"], seconds["one at a time"]))
+    report = {"pairs": len(ratios), "time ratio batched / one at a time": {
+        "median": round(statistics.median(ratios), 4),
+        "min": round(ratios[0], 4), "max": round(ratios[-1], 4),
+        "total": round(sum(seconds["spec batched"]) / sum(seconds["one at a time"]), 4)}}
+    benchmark.extra_info.update(report=report, model=desc, blas=blas_in_use(), max_tokens=MAX_TOKENS,
+                                machine=f"{platform.machine()}, {os.cpu_count()} CPUs",
                                 load_average=[round(x, 2) for x in os.getloadavg()])
     print(json.dumps(report, indent=1))
