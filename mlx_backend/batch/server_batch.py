@@ -84,7 +84,8 @@ class GenerationResponse:
 @dataclass
 class RowReport:
     """What one sequence did: ``output`` (the tokens it emitted, the stop token included), the verify
-    forwards it took part in (``steps``), drafts verified / accepted, prefill and decode seconds."""
+    forwards it took part in (``steps``), drafts verified / accepted, prefill and decode seconds, and when
+    its prefill began (until then it waited for a free row)."""
 
     uid: int
     output: list[int]
@@ -94,6 +95,7 @@ class RowReport:
     n_accept: int = 0
     t_prompt: float = 0.0
     t_generate: float = 0.0
+    t_start: Optional[float] = None   # when its prefill began (``time.perf_counter``); None: it never began
 
 
 @dataclass
@@ -300,7 +302,7 @@ class SpeculativeBatchGenerator:
         report = RowReport(seq.uid, list(seq.output), completed, seq.steps,
                            row.n_drafted if row is not None else 0, row.n_accept if row is not None else 0,
                            t_prompt=((seq.t_join or now) - seq.t0) if seq.t0 is not None else 0.0,
-                           t_generate=now - seq.t_join if seq.t_join is not None else 0.0)
+                           t_generate=now - seq.t_join if seq.t_join is not None else 0.0, t_start=seq.t0)
         if seq.plan.on_finish is not None:
             seq.plan.on_finish(report)
 

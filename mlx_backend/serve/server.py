@@ -120,15 +120,19 @@ class RequestSpec:
     cached_tokens: int = 0
     t_prompt: float = 0.0
     t_generate: float = 0.0
+    t_arrive: float = dataclasses.field(default_factory=time.perf_counter)   # when the handler read the request
+    t_queue: float = 0.0   # from t_arrive until the server began its prompt (queued, or waiting for a free row)
     cancelled: bool = False  # the client went away mid-response
     batched: bool = False  # decoded in a batch (SpeculativeBatchGenerator), not alone
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
 
     def timings(self) -> dict:
-        """llama.cpp's ``timings`` (server.cpp ``result_timings``) plus tokens per decode forward."""
+        """llama.cpp's ``timings`` (server.cpp ``result_timings``) plus tokens per decode forward and the
+        request's wait before its prompt began (``queue_ms``)."""
         s = self.stats
         prompt_n = self.prompt_tokens - self.cached_tokens
         return {
+            "queue_ms": 1e3 * self.t_queue,
             "cache_n": self.cached_tokens, "prompt_n": prompt_n, "prompt_ms": 1e3 * self.t_prompt,
             "prompt_per_second": prompt_n / self.t_prompt if self.t_prompt else 0.0,
             "predicted_n": s.n_tokens, "predicted_ms": 1e3 * self.t_generate,
@@ -242,8 +246,9 @@ class NgramSpeculator:
         self.totals = {"requests": 0, "speculative_requests": 0, "completed": 0, "cancelled": 0,
                        "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0, "decode_forwards": 0,
                        "draft_n": 0, "draft_n_accepted": 0, "generation_seconds": 0.0, "dynamic_saves": 0,
-                       "drafters": {name: 0 for name in DRAFTERS}, "verify_forwards": 0}
+                       "drafters": {name: 0 for name in DRAFTERS}, "verify_forwards": 0, "queue_seconds": 0.0}
         self._rows = [0, 0]  # rows summed over the verify forwards, the most in one
+        self._queue_max = 0.0  # the longest wait of a request before its prompt began
         self._since_save = 0
 
     def make_cache(self) -> list:
@@ -305,6 +310,8 @@ class NgramSpeculator:
             t["draft_n"] += s.n_drafted
             t["draft_n_accepted"] += s.n_accept
             t["generation_seconds"] += spec.t_generate
+            t["queue_seconds"] += spec.t_queue
+            self._queue_max = max(self._queue_max, spec.t_queue)
             if spec.speculative and spec.draft_max != 0:
                 t["drafters"][spec.drafter or self.drafter_name] += 1
             if not spec.batched:  # decoded alone: each of its decode forwards held one row
@@ -350,8 +357,11 @@ class NgramSpeculator:
             t = dict(self.totals, drafters=dict(self.totals["drafters"]))
             n = t["verify_forwards"]
             t["rows_per_forward"] = {"mean": self._rows[0] / n if n else 0.0, "max": self._rows[1]}
+            t["queue_wait"] = {"mean": t["queue_seconds"] / t["requests"] if t["requests"] else 0.0,
+                               "max": self._queue_max}
         t["accept"] = 100.0 * t["draft_n_accepted"] / t["draft_n"] if t["draft_n"] else 0.0
         t["tokens_per_forward"] = t["completion_tokens"] / t["decode_forwards"] if t["decode_forwards"] else 0.0
+        t["accepted_per_row_step"] = t["draft_n_accepted"] / t["decode_forwards"] if t["decode_forwards"] else 0.0
         t["predicted_per_second"] = (t["completion_tokens"] / t["generation_seconds"]
                                      if t["generation_seconds"] else 0.0)
         t["dynamic_caches"] = {_scope_name(k): {"ngrams": len(v), "entries": v.n_entries()}
@@ -495,6 +505,8 @@ class SpecResponseGenerator(mlx_server.ResponseGenerator):
             s.n_tokens, s.steps, s.n_drafted, s.n_accept = (len(report.output), report.steps, report.n_drafted,
                                                             report.n_accept)
             spec.t_prompt, spec.t_generate = report.t_prompt, report.t_generate
+            started = report.t_start if report.t_start is not None else time.perf_counter()   # None: never began
+            spec.t_queue = max(0.0, started - spec.t_arrive)
             try:
                 speculator.finish(spec, prompt + report.output, len(prompt), report.completed and not spec.cancelled)
             finally:
@@ -640,6 +652,7 @@ class SpecResponseGenerator(mlx_server.ResponseGenerator):
         yielded: list[int] = []
         completed = False
         t0 = t1 = time.perf_counter()
+        spec.t_queue = max(0.0, t0 - spec.t_arrive)
         try:
             for response in responses:
                 if not yielded:

@@ -127,6 +127,13 @@ def test_concurrent_clients_each_get_what_they_get_alone_in_one_batch(models, ar
     assert stats["rows_per_forward"]["max"] > 1, stats
     assert stats["verify_forwards"] - before["verify_forwards"] < sum(
         t["decode_forwards"] for *_rest, t in got), stats   # shared forwards: fewer than the requests' own
+    # the totals of /v1/stats from the responses' own metrics (these 12 requests are all the server saw)
+    timings = [t for *_rest, t in alone + got]
+    assert stats["requests"] == len(timings)
+    assert stats["accepted_per_row_step"] == pytest.approx(
+        sum(t["draft_n_accepted"] for t in timings) / sum(t["decode_forwards"] for t in timings))
+    assert stats["queue_wait"]["max"] == pytest.approx(max(t["queue_ms"] for t in timings) / 1e3)
+    assert stats["queue_wait"]["mean"] == pytest.approx(sum(t["queue_ms"] for t in timings) / 1e3 / len(timings))
 
 
 def test_decode_concurrency_one_serves_one_row_per_forward(models):
@@ -138,6 +145,25 @@ def test_decode_concurrency_one_serves_one_row_per_forward(models):
         server.stop()
     assert stats["rows_per_forward"]["max"] == 1 and stats["completed"] == 3
     assert got[0][1] == plain_greedy(models["llama"], "chat", MESSAGES[0])
+    # served one after the other: the request served last waited (queue_ms) for at least one whole other answer
+    waits = sorted((t["queue_ms"], t["prompt_ms"] + t["predicted_ms"]) for *_rest, t in got)
+    assert waits[-1][0] >= min(answer for _, answer in waits[:-1]), waits
+    assert stats["queue_wait"]["max"] == pytest.approx(waits[-1][0] / 1e3)
+
+
+def test_a_request_beyond_decode_concurrency_waits_for_a_free_row(models):
+    """Three requests, two rows: the third joins when a row frees, and its wait is reported (``queue_ms``)."""
+    server = Server("--model", str(models["llama"]), "--decode-concurrency", "2")
+    try:
+        got = together(server, [REQUESTS[0], REQUESTS[3], REQUESTS[5]])
+        stats = server.stats()
+    finally:
+        server.stop()
+    assert stats["rows_per_forward"]["max"] == 2 and stats["completed"] == 3
+    waits = sorted((t["queue_ms"], t["predicted_ms"]) for *_rest, t in got)
+    # it waited until the quicker of the two ended (half of that: the three arrive a few ms apart)
+    assert waits[-1][0] >= 0.5 * min(decode for _, decode in waits[:-1]), waits
+    assert stats["queue_wait"]["max"] == pytest.approx(waits[-1][0] / 1e3)
 
 
 def test_a_client_that_hangs_up_mid_stream_frees_its_row_and_the_others_complete(models):
