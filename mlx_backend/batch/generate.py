@@ -1,7 +1,8 @@
 """A small batched speculative decoder: several requests, each with its own drafter, verified in one forward.
 
 :class:`BatchSpeculativeDecoder` keeps one batched mlx-lm prompt cache for its active rows (the
-per-layer caches of mlx-lm's ``BatchGenerator``). :meth:`~BatchSpeculativeDecoder.add` prefills a new
+per-layer caches of mlx-lm's ``BatchGenerator``), or, while a row is alone, that row's per-request caches
+(:class:`_LoneRow`: what the solo loop decodes on). :meth:`~BatchSpeculativeDecoder.add` prefills a new
 request alone in a fresh prompt cache and joins it to the batch with the caches' own ``merge`` and
 ``extend``; :meth:`~BatchSpeculativeDecoder.step` runs ONE forward over every active row (its last
 token, then up to its own draft length of drafts; a row without drafts still advances a token),
@@ -36,6 +37,7 @@ last step emitted; :meth:`~BatchSpeculativeDecoder.extract` copies one row's cac
 """
 from __future__ import annotations
 
+import copy
 import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional, Union
@@ -48,7 +50,7 @@ from mlx_backend.batch.policy import expected_tokens, leave_plain, relative_cost
 from mlx_backend.batch.verify import BatchVerifyCache
 from mlx_backend.decode.draft_policy import DEFAULT_K_MAX, DraftPolicy, learned_costs
 from mlx_backend.decode.generate import check_prompt, run_drafter, vocab_size
-from mlx_backend.decode.rollback import RollbackUnsupported
+from mlx_backend.decode.rollback import RollbackUnsupported, VerifyCache, detach
 from mlx_backend.decode.sampling import greedy, verify_rows
 from reference.drafter import Drafter
 from reference.speculative import in_vocab
@@ -60,6 +62,52 @@ def check_batchable(cache: list[Any]) -> None:
         if not hasattr(c, "merge"):
             raise RollbackUnsupported(f"cache {i} ({type(c).__name__}) has no batched form in mlx-lm (no "
                                       f"merge): decode this model one request at a time (mlx_backend.decode.generate)")
+
+
+def check_batch_model(model: nn.Module) -> None:
+    """Refuse (RollbackUnsupported, naming the cache) a model whose caches cannot be batched and cut back
+    per row: :func:`check_batchable` and :class:`BatchVerifyCache` on its empty prompt cache merged."""
+    cache = make_prompt_cache(model)
+    check_batchable(cache)
+    BatchVerifyCache(model, [c.merge([c]) for c in cache]).close(align=False)
+
+
+class _LoneRow:
+    """A batch of one row kept on its per-request caches (``KVCache``, ``RotatingKVCache``, ``ArraysCache``):
+    the solo :class:`~mlx_backend.decode.rollback.VerifyCache` behind :class:`BatchVerifyCache`'s interface.
+
+    Why: a batch cache of one row (``BatchKVCache``: a per-row offset array, an array mask) made a request
+    that is alone about 1 % slower than the one-at-a-time server on SmolLM2 (2026-12-05, one CPU core: the
+    attention graph and its compute, cProfile). The decoder merges the row into batch caches when a second
+    request joins and extracts it again when it is alone (:meth:`BatchSpeculativeDecoder.join`, ``_drop``):
+    one copy of the row's cache per change, none per step.
+    """
+
+    batch_size = 1
+
+    def __init__(self, model: nn.Module, cache: list[Any], gdn_path: Optional[str]):
+        self.cache, self.solo = cache, VerifyCache(model, cache, gdn_path)
+
+    def check_state(self) -> None:
+        """Nothing to check: per-request caches have no padded prefill in progress."""
+
+    def forward(self, tokens, lengths) -> mx.array:
+        """Logits ``[1, S, vocab]`` of the row's ``lengths[0]`` real tokens (there is no padding)."""
+        return self.solo.forward(list(tokens[0])[:int(lengths[0])])[None]
+
+    def keep(self, m) -> None:
+        self.solo.keep(int(m[0]))
+
+    def copy(self) -> list[Any]:
+        """A copy of the row's caches, of mlx-lm's own classes (as ``extract`` gives)."""
+        cache = copy.deepcopy(self.cache)
+        for c in cache:
+            for part in (c.caches if hasattr(c, "caches") else [c]):
+                detach(part)
+        return cache
+
+    def close(self, align: bool = True) -> None:
+        self.solo.close()
 
 
 @dataclass
@@ -130,8 +178,9 @@ class BatchSpeculativeDecoder:
         self.max_batch_tokens, self.prefill_step_size, self.gdn_path = max_batch_tokens, prefill_step_size, gdn_path
         self.n_vocab = vocab_size(model)
         self.rows: list[_Row] = []          # the active rows, in batch order
-        self.cache: Optional[list[Any]] = None
-        self.verifier: Optional[BatchVerifyCache] = None
+        self.cache: Optional[list[Any]] = None   # batch caches; a lone row's per-request caches (_LoneRow)
+        self.verifier: Optional[Union[BatchVerifyCache, _LoneRow]] = None
+        self._checked = False   # check_batch_model passed
         self.finished: dict[int, str] = {}  # uid -> "length" | "stop"
         self.keep_finished_caches = keep_finished_caches
         self.burst = burst
@@ -185,13 +234,18 @@ class BatchSpeculativeDecoder:
         check_prompt(history, self.model)
         self._check_args(max_tokens, draft_max)
         check_batchable(cache)
-        merged = [c.merge([c]) for c in cache]   # this row as a batch of one (BatchKVCache, ...)
-        if self.cache is None:   # the verifier first: an unsupported cache raises before anything changes
-            self.verifier = BatchVerifyCache(self.model, merged, self.gdn_path)
-            self.cache = merged
+        if not self._checked:   # before anything changes: an unsupported cache raises here
+            check_batch_model(self.model)
+            self._checked = True
+        if self.cache is None:   # alone: its own caches
+            self.cache, self.verifier = cache, _LoneRow(self.model, cache, self.gdn_path)
         else:
-            for c, new in zip(self.cache, merged):
-                c.extend(new)
+            if isinstance(self.verifier, _LoneRow):   # the lone row becomes a batch of one
+                self.verifier.close()
+                self.cache = [c.merge([c]) for c in self.cache]
+                self.verifier = BatchVerifyCache(self.model, self.cache, self.gdn_path)
+            for c, new in zip(self.cache, cache):
+                c.extend(new.merge([new]))
         if drafter is not None:
             drafter.reset(list(history))
         policy = DraftPolicy([1.0] * (DEFAULT_K_MAX + 1)) if drafter is not None and draft_max is None else None
@@ -206,7 +260,12 @@ class BatchSpeculativeDecoder:
         index = [i for i, r in enumerate(self.rows) if r.uid == uid]
         if not index:
             raise KeyError(f"no active row {uid}")
-        return [c.extract(index[0]) for c in self.cache]
+        return self._copy_row(index[0])
+
+    def _copy_row(self, i: int) -> list[Any]:
+        if isinstance(self.verifier, _LoneRow):
+            return self.verifier.copy()
+        return [c.extract(i) for c in self.cache]
 
     def cached_tokens(self, uid: int) -> list[int]:
         """The tokens row ``uid``'s cache holds: its ``history`` but the last token, or all of it while a plain
@@ -228,12 +287,17 @@ class BatchSpeculativeDecoder:
         self.rows = [self.rows[i] for i in keep]
         if not keep:   # mlx-lm's filter cannot leave zero rows: start afresh at the next add
             if self.verifier is not None:
-                self.verifier.close()
+                self.verifier.close(align=False)
             self.cache = self.verifier = None
             self._pending, self._settle = None, False
             return
-        for c in self.cache:
-            c.filter(mx.array(keep))
+        if len(keep) == 1:   # alone again: back to its own caches (_LoneRow)
+            lone = [c.extract(keep[0]) for c in self.cache]
+            self.verifier.close(align=False)
+            self.cache, self.verifier = lone, _LoneRow(self.model, lone, self.gdn_path)
+        else:
+            for c in self.cache:
+                c.filter(mx.array(keep))
         if self._pending is not None:   # in flight for the first rows (those that joined before it)
             tokens, logprobs = self._pending
             kept = [i for i in keep if i < tokens.shape[0]]
@@ -373,8 +437,7 @@ class BatchSpeculativeDecoder:
             if self.keep_finished_caches:
                 for i in done:
                     r = self.rows[i]
-                    self.finished_caches[r.uid] = ([c.extract(i) for c in self.cache],
-                                                   list(r.history if r.fed else r.history[:-1]))
+                    self.finished_caches[r.uid] = (self._copy_row(i), list(r.history if r.fed else r.history[:-1]))
             self._drop(done)
         return out
 

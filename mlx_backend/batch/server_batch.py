@@ -54,8 +54,7 @@ import mlx.nn as nn
 from mlx_lm.generate import StopSequences
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
-from mlx_backend.batch.generate import BatchSpeculativeDecoder, check_batchable
-from mlx_backend.batch.verify import BatchVerifyCache
+from mlx_backend.batch.generate import BatchSpeculativeDecoder, check_batch_model, check_batchable
 from mlx_backend.decode.rollback import RollbackUnsupported
 
 
@@ -131,14 +130,11 @@ class _Sequence:
 
 def batch_unsupported(model: nn.Module) -> Optional[str]:
     """None when :class:`BatchSpeculativeDecoder` can batch ``model``'s caches, else the reason (naming the
-    cache), from the same checks its ``join`` and :class:`BatchVerifyCache` make."""
+    cache), from the checks its ``join`` makes (:func:`~mlx_backend.batch.generate.check_batch_model`)."""
     try:
-        cache = make_prompt_cache(model)
-        check_batchable(cache)
-        verifier = BatchVerifyCache(model, [c.merge([c]) for c in cache])
+        check_batch_model(model)
     except RollbackUnsupported as exc:
         return str(exc)
-    verifier.close()
     return None
 
 

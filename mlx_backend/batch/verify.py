@@ -174,10 +174,11 @@ class BatchVerifyCache:
         picked = [states[a][b:b + 1] for b, a in enumerate(m)]
         c[1] = mx.concatenate(picked, axis=0) if len(picked) > 1 else picked[0]
 
-    def close(self) -> None:
-        """Give the GDN layers and the caches their own class back (the attention rows right-aligned first, as
-        mlx-lm keeps them)."""
+    def close(self, align: bool = True) -> None:
+        """Give the GDN layers and the caches their own class back (with ``align``, the attention rows
+        right-aligned first, as mlx-lm keeps them; without, for caches about to be dropped)."""
         for c in self.kv:
-            c.align()
+            if align:
+                c.align()
         for obj in [layer for layer, _ in self.gdn] + self.rotating + self.kv:
             detach(obj)

@@ -192,6 +192,37 @@ def test_a_row_alone_after_the_batch_emptied():
     assert_greedy_equal("llama", PROMPTS[2], 5, next(iter(out.values())))
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen3_5", "gemma3_text"])
+def test_a_lone_row_decodes_on_its_own_caches(arch):
+    """A row alone decodes on per-request caches (mlx-lm's KVCache, RotatingKVCache, ArraysCache, as the solo
+    path does), merged into batch caches while a second row runs and extracted when it is alone again; its
+    tokens across both changes equal plain greedy, and so do the other row's."""
+    from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache, KVCache, RotatingKVCache
+    batched, lone = (BatchKVCache, BatchRotatingKVCache), (KVCache, RotatingKVCache)
+    dec = BatchSpeculativeDecoder(model_of(arch))
+
+    def kinds():
+        return {isinstance(c, batched) for c in dec.cache if isinstance(c, batched + lone)}
+
+    first = dec.add(PROMPTS[0], max_tokens=30, drafter="suffix", draft_max=3)
+    out = {first: []}
+    seen = []
+    for step in range(60):
+        if step == 3:
+            second = dec.add(PROMPTS[3], max_tokens=8, drafter="suffix", draft_max=2)
+            out[second] = []
+        if not dec.rows:
+            break
+        seen.append((len(dec.rows), kinds()))
+        for uid, tokens in dec.step().items():
+            out[uid] += tokens
+    assert (1, {False}) in seen and (2, {True}) in seen                   # lone, then batched
+    assert seen.index((2, {True})) < len(seen) - 1 - seen[::-1].index((1, {False}))   # ... then lone again
+    assert all(n == 1 and k == {False} or n == 2 and k == {True} for n, k in seen), seen
+    assert_greedy_equal(arch, PROMPTS[0], 30, out[first])
+    assert_greedy_equal(arch, PROMPTS[3], 8, out[second])
+
+
 def test_budget_caps_every_forward_and_keeps_greedy():
     model = model_of("qwen3_5")
     dec = BatchSpeculativeDecoder(model, max_batch_tokens=7)

@@ -20,6 +20,15 @@ chat >= 0.95x at every C; C = 1 no slower than one at a time); ``rows_per_forwar
 batched server's answers must equal the one-at-a-time server's (asserted); whether plain ``mlx_lm.server``'s
 equal them is reported. The servers run in the order rotating per cell.
 
+``test_bench_lone_requests`` checks C = 1 with more than one sample, and against the spread between server
+processes: two batched servers and two one-at-a-time servers (four processes, the same settings two by
+two), ``NGRAM_SPEC_BENCH_LONE`` (4) prompts of each workload (none of those above), each sent alone to the
+four back to back in an order that rotates. Reported: the medians of the per-request time ratios batched /
+one at a time (each batched process against each one-at-a-time process) and, as the floor those must be
+read against, batched / batched and one at a time / one at a time (identical servers: 2026-12-05 on one
+pinned core two identical processes differed by up to 5 %, the same code in another process placing the
+weights elsewhere in memory). The answers of all four are asserted equal.
+
 Run with OpenBLAS for the bandwidth-bound configuration (the servers inherit the environment)::
 
     LD_PRELOAD=$(python3 -c 'from mlx_backend.machine.blas import wheel_openblas; print(wheel_openblas())') \\
@@ -49,6 +58,7 @@ MAX_TOKENS = {"edits": int(os.environ.get("NGRAM_SPEC_BENCH_EDIT_TOKENS", "512")
               "free": int(os.environ.get("NGRAM_SPEC_BENCH_TOKENS", "96"))}
 WORKLOADS = os.environ.get("NGRAM_SPEC_BENCH_WORKLOADS", "edits,free").split(",")
 CONCURRENCY = [int(c) for c in os.environ.get("NGRAM_SPEC_BENCH_CONCURRENCY", "1,2,4,8").split(",")]
+LONE = int(os.environ.get("NGRAM_SPEC_BENCH_LONE", "4"))
 TRACES = Path(__file__).resolve().parents[3] / "benchmarks" / "data" / "edit-traces.jsonl.xz"
 
 
@@ -132,3 +142,50 @@ def test_bench_concurrent_clients(benchmark, servers):
     benchmark.extra_info.update(report=report, **{**conditions(), "max_tokens": {w: MAX_TOKENS[w] for w in workloads}})
     print(json.dumps(report, indent=1))
     assert not differ, f"the batched server's answers differ from one at a time's in {differ}"
+
+
+
+@pytest.fixture(scope="module")
+def lone_servers(smollm2_dir):
+    started = {}
+    try:
+        for name, args in (("batched A", ()), ("one at a time A", ("--decode-concurrency", "1")),
+                           ("batched B", ()), ("one at a time B", ("--decode-concurrency", "1"))):
+            started[name] = Server("--model", str(smollm2_dir), *args, timeout=600, request_timeout=3600)
+        for server in started.values():
+            warm_up(server)
+        yield started
+    finally:
+        for server in started.values():
+            server.stop()
+
+
+def test_bench_lone_requests(benchmark, lone_servers):
+    """Issue 28's "C = 1 no slower than today's serve" with many samples, against the spread between
+    identical server processes (module docstring)."""
+    n = sum(CONCURRENCY)
+    prompts = [(name, p) for name, make in (("edits", edit_requests), ("free", free_requests)) if name in WORKLOADS
+               for p in make(n + LONE)[n:]]
+    names = list(lone_servers)
+    seconds = {s: [] for s in names}
+
+    def run_all():
+        for i, (name, prompt) in enumerate(prompts):
+            answers = {s: ask(lone_servers[s], prompt, MAX_TOKENS[name]) for s in names[i % 4:] + names[:i % 4]}
+            for s in names:
+                seconds[s].append(answers[s]["seconds"])
+            assert len({a["text"] for a in answers.values()}) == 1, f"{name} prompt {i}: the servers' answers differ"
+
+    benchmark.pedantic(run_all, rounds=1, iterations=1)
+
+    def median_ratio(a: str, b: str) -> float:
+        return round(statistics.median(x / y for x, y in zip(seconds[a], seconds[b])), 4)
+
+    report = {"requests per server": len(prompts), "median time ratio": {
+        f"{a} / {b}": median_ratio(a, b) for a, b in (
+            ("batched A", "one at a time A"), ("batched B", "one at a time B"), ("batched A", "one at a time B"),
+            ("batched B", "one at a time A"), ("batched A", "batched B"), ("one at a time A", "one at a time B"))},
+        "all time, batched / one at a time": round(
+            sum(seconds["batched A"] + seconds["batched B"]) / sum(seconds["one at a time A"] + seconds["one at a time B"]), 4)}
+    benchmark.extra_info.update(report=report, **{**conditions(), "max_tokens": {w: MAX_TOKENS[w] for w in WORKLOADS}})
+    print(json.dumps(report, indent=1))
