@@ -96,6 +96,18 @@ class WorkerFailure(RuntimeError):
     status = 500
 
 
+class ServerStopping(RuntimeError):
+    """The server is stopping (Ctrl-C, SIGTERM) before this request's answer was complete: the answer (HTTP
+    503, or a last ``data: {"error": ...}`` event in a stream that has begun) of every request the generation
+    worker had not finished when it stopped (see ``run_serve``)."""
+
+    status = 503
+
+
+STOPPING = ("the server is stopping (Ctrl-C or SIGTERM) and did not finish this request: send it again once the "
+            "server is back")
+
+
 class _WorkerStopped(Exception):
     """Raised out of ``serve_forever`` (:meth:`SpecHTTPServer.service_actions`) once the worker has failed."""
 
@@ -103,7 +115,7 @@ class _WorkerStopped(Exception):
 #: Draft length of a seeded sampled request without ``draft_max``: fixed, so that its answer depends on the seed
 #: and its own text only (the cost-aware length depends on what the policy has learned so far).
 SEEDED_DRAFT_MAX = 8
-ANSWER_TIMEOUT_S = 10.0  # after a worker failure: how long the handlers get to send their error answers
+ANSWER_TIMEOUT_S = 10.0  # after a worker failure or a stop: how long the handlers get to send their error answers
 
 
 @dataclasses.dataclass
@@ -563,15 +575,31 @@ class SpecResponseGenerator(mlx_server.ResponseGenerator):
     def generate(self, request, generation_args, progress_callback=None):
         if self.failure is not None:
             raise self.failure_error()
+        if self.stopping:
+            raise ServerStopping(STOPPING)
         return super().generate(request, generation_args, progress_callback)
 
     def _await_response(self, response_queue):
         try:
             return super()._await_response(response_queue)
         except RuntimeError:  # mlx-lm's "generation thread died"
-            if self.failure is None:
-                raise
-            raise self.failure_error() from None
+            if self.failure is not None:
+                raise self.failure_error() from None
+            if self.stopping:
+                raise ServerStopping(STOPPING) from None
+            raise
+
+    stopping = False
+
+    def stop_and_join(self):
+        """Stop the generation thread (Ctrl-C, SIGTERM): a batch stops after its current step, a request
+        served alone (``_serve_single``) is finished first. Every request it had not finished, decoding or
+        waiting, is then answered with :class:`ServerStopping` by its handler (:meth:`_await_response`
+        notices the thread has ended within its 1 s poll); ``run_serve`` waits for those answers
+        (:meth:`wait_answered`) before the process exits, so no client is left with an answer cut short
+        without an error."""
+        self.stopping = True
+        super().stop_and_join()
 
     @contextlib.contextmanager
     def answering(self):
@@ -700,9 +728,9 @@ class SpecAPIHandler(mlx_server.APIHandler):
     def send_response(self, code, message=None):
         # mlx-lm answers every failure of a request's setup with 404 (meant for "model not found"); a
         # RequestError raised in the generation thread (e.g. a prompt beyond the context) is the client's: 400
-        # (and a WorkerFailure: 500)
+        # (a WorkerFailure: 500, ServerStopping: 503)
         exc = sys.exc_info()[1]
-        if code == 404 and isinstance(exc, (RequestError, WorkerFailure)):
+        if code == 404 and isinstance(exc, (RequestError, WorkerFailure, ServerStopping)):
             code = exc.status
         self._status, self._error = code, exc
         super().send_response(code, message)
@@ -732,7 +760,9 @@ class SpecAPIHandler(mlx_server.APIHandler):
             if isinstance(exc, OSError):  # writing failed: the client went away, there is no one to answer
                 raise
             status = getattr(exc, "status", 400 if isinstance(exc, ValueError) else 500)
-            if not isinstance(exc, WorkerFailure):  # the worker logged its own failure
+            if isinstance(exc, ServerStopping):
+                log.info("request cut short: the server is stopping")
+            elif not isinstance(exc, WorkerFailure):  # the worker logged its own failure
                 log.error("request failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
             error = {"message": str(exc), "type": _ERROR_TYPES.get(status, "server_error"), "param": None,
                      "code": None}
@@ -966,6 +996,8 @@ def run_serve(args) -> int:
         if generator.failure is None:
             speculator.save()
     if generator.failure is None:
+        if not generator.wait_answered(ANSWER_TIMEOUT_S):
+            log.warning("some requests were still being answered %.0f s after the server stopped", ANSWER_TIMEOUT_S)
         return 0
     if not generator.wait_answered(ANSWER_TIMEOUT_S):
         log.error("some requests were still being answered %.0f s after the failure", ANSWER_TIMEOUT_S)

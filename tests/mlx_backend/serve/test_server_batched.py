@@ -5,7 +5,8 @@ drafters, and plain) against servers on tiny models: each gets exactly what the 
 alone, every greedy answer is plain greedy decoding's (mlx-lm's own ``generate_step``, cut after the
 EOS token), and the server really verified several rows in one forward (``/v1/stats``
 ``rows_per_forward`` max > 1). A client that hangs up mid-stream frees its row (counted ``cancelled``,
-far fewer tokens than it asked for) while the others complete correctly.
+far fewer tokens than it asked for) while the others complete correctly. SIGTERM ends every request in flight
+with an error its client sees and saves the dynamic cache.
 """
 from __future__ import annotations
 
@@ -188,6 +189,46 @@ def test_a_client_that_hangs_up_mid_stream_frees_its_row_and_the_others_complete
     assert after["completed"] == before["completed"] + len(others)
     assert after["completion_tokens"] - before["completion_tokens"] < 3000
     assert after["rows_per_forward"]["max"] > 1
+
+
+def test_sigterm_ends_every_request_in_flight_with_an_error_and_saves_the_dynamic_cache(models, tmp_path):
+    """SIGTERM while three requests decode in one batch (two streamed, one not, through the openai client), one
+    request having completed before: the server exits 0; every client in flight gets an error it sees (the
+    streams' last event is an error, which the client raises as an APIError; the other gets HTTP 503), none an
+    answer cut short without one; the dynamic cache is saved with what the completed request taught it."""
+    from mlx_backend.ngram.dynamic_cache import load_dynamic
+
+    dyn = tmp_path / "dyn.ngram"
+    server = Server("--model", str(models["llama"]), "--dynamic", str(dyn), "--save-every", "1000")
+    stopped = False
+    try:
+        assert run(server, *REQUESTS[0])[2] in ("stop", "length")
+        learned = server.stats()["dynamic_caches"]["server"]["ngrams"]
+        assert learned > 0 and not dyn.exists()          # learned, not saved yet (--save-every 1000)
+
+        def long_chat(messages, stream):
+            return server.client.chat.completions.create(model="default_model", messages=messages, max_tokens=3000,
+                                                         temperature=0.0, stream=stream)
+
+        with ThreadPoolExecutor(1) as pool:
+            whole = pool.submit(long_chat, MESSAGES[0], False)
+            streams = [iter(long_chat(m, True)) for m in MESSAGES[1:]]
+            firsts = [next(s) for s in streams]           # both have begun, and the request sent before them too
+            out = server.stop()                           # SIGTERM; asserts exit status 0
+            stopped = True
+            for stream in streams:
+                with pytest.raises(openai.APIError, match="stopping") as cut:
+                    for chunk in stream:
+                        assert not (chunk.choices and chunk.choices[0].finish_reason), "a stream completed"
+                assert not isinstance(cut.value, openai.APIConnectionError)
+            with pytest.raises(openai.APIStatusError, match="stopping") as refused:
+                whole.result(timeout=60)
+            assert refused.value.status_code == 503
+        assert all(f.choices for f in firsts)
+    finally:
+        if not stopped:
+            server.stop(check=False)
+    assert dyn.exists() and len(load_dynamic(dyn)) > 0, out
 
 
 def test_a_request_whose_sampler_refuses_its_arguments_gets_400_and_the_batch_serves_on(models):
