@@ -26,8 +26,8 @@ two), ``NGRAM_SPEC_BENCH_LONE`` (4) prompts of each workload (none of those abov
 four back to back in an order that rotates. Reported: the medians of the per-request time ratios batched /
 one at a time (each batched process against each one-at-a-time process) and, as the floor those must be
 read against, batched / batched and one at a time / one at a time (identical servers: 2026-12-05 on one
-pinned core two identical processes differed by up to 5 %, the same code in another process placing the
-weights elsewhere in memory). The answers of all four are asserted equal.
+pinned core two identical processes differed by up to 5 %, a spread that belongs to the process for its
+whole life, not to the code; docs/server.md). The answers of all four are asserted equal.
 
 Run with OpenBLAS for the bandwidth-bound configuration (the servers inherit the environment)::
 
