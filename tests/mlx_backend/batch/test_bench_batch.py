@@ -44,6 +44,7 @@ import time
 from pathlib import Path
 
 import pytest
+from bench_knobs import whole_number
 
 mx = pytest.importorskip("mlx.core")
 from mlx_lm.generate import batch_generate  # noqa: E402
@@ -58,8 +59,8 @@ from mlx_backend.models.loading import load_model  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "decode"))
 from test_bench_edit_drafters import edit_prompts  # noqa: E402
 
-MAX_TOKENS = int(os.environ.get("NGRAM_SPEC_BENCH_TOKENS", "96"))
-DRAFT_MAX = int(os.environ["NGRAM_SPEC_BENCH_K"]) if os.environ.get("NGRAM_SPEC_BENCH_K") else None
+MAX_TOKENS = whole_number("NGRAM_SPEC_BENCH_TOKENS", 96)
+DRAFT_MAX = whole_number("NGRAM_SPEC_BENCH_K", None)  # None: the cost-aware width
 CONCURRENCY = (1, 2, 4)
 FREE = ("Write a short poem about the sea at night.",
         "Explain in a few paragraphs how a bicycle's gears work.",
@@ -142,7 +143,7 @@ def test_bench_batched_speculation(benchmark, smollm2):
     print(json.dumps(report, indent=1))
 
 
-ROUNDS = int(os.environ.get("NGRAM_SPEC_BENCH_ROUNDS", "2"))
+ROUNDS = whole_number("NGRAM_SPEC_BENCH_ROUNDS", 2)
 
 
 def test_bench_lone_request_vs_one_at_a_time(benchmark, smollm2):

@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 import pytest
+from bench_knobs import whole_number
 
 mx = pytest.importorskip("mlx.core")
 import mlx_backend.models.gguf  # noqa: E402
@@ -49,7 +50,7 @@ from mlx_backend.cli.prompts import prompt_tokens  # noqa: E402
 from mlx_backend.models.loading import load_model  # noqa: E402
 
 TARGET = {"input-grounded": 1.6, "free writing": 0.97}
-ROUNDS = int(os.environ.get("NGRAM_SPEC_BENCH_ROUNDS", "5"))
+ROUNDS = whole_number("NGRAM_SPEC_BENCH_ROUNDS", 5)
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +89,7 @@ def test_bench_smollm2_spec_vs_plain(benchmark, smollm2, kind):
     from mlx_lm.sample_utils import make_sampler
 
     model, tokenizer, desc = smollm2
-    max_tokens = int(os.environ.get("NGRAM_SPEC_BENCH_TOKENS", "96"))
+    max_tokens = whole_number("NGRAM_SPEC_BENCH_TOKENS", 96)
     eos, sampler = set(tokenizer.eos_token_ids), make_sampler(0.0)
     prompts = [prompt_tokens(tokenizer, p.text) for p in mlx_cli.DEMO_PROMPTS if p.kind == kind]
     _spec(model, prompts[0], 4, eos, sampler, SpecStats())  # warm-up
@@ -143,7 +144,7 @@ def _generate_command(blas: str, cache_dir: Path, *extra: str) -> tuple[float, f
     """Wall and CPU seconds of ``ngram-spec generate`` on the free-writing prompt, end to end (the CPU time
     of the process and its re-executed child), its tokens and its BLAS."""
     free = next(p.text for p in mlx_cli.DEMO_PROMPTS if p.kind == "free writing")
-    max_tokens = os.environ.get("NGRAM_SPEC_BENCH_TOKENS", "96")
+    max_tokens = str(whole_number("NGRAM_SPEC_BENCH_TOKENS", 96))
     env = {**os.environ, "NGRAM_SPEC_CACHE_DIR": str(cache_dir)}
     cpu0, t0 = _children_cpu(), time.perf_counter()
     out = subprocess.run([sys.executable, "-m", "mlx_backend.cli", "generate", "--prompt", free, "--max-tokens", max_tokens,

@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 import pytest
+from bench_knobs import whole_number
 
 mx = pytest.importorskip("mlx.core")
 from mlx_backend.cli import demo  # noqa: E402
@@ -45,9 +46,9 @@ from mlx_backend.machine.blas import blas_in_use  # noqa: E402
 from mlx_backend.models.loading import load_model  # noqa: E402
 
 TRACES = Path(__file__).resolve().parents[3] / "benchmarks" / "data" / "edit-traces.jsonl.xz"
-MAX_TOKENS = int(os.environ.get("NGRAM_SPEC_BENCH_TOKENS", "256"))
-ROUNDS = int(os.environ.get("NGRAM_SPEC_BENCH_ROUNDS", "2"))
-EDITS = int(os.environ.get("NGRAM_SPEC_BENCH_EDITS", "2"))
+MAX_TOKENS = whole_number("NGRAM_SPEC_BENCH_TOKENS", 256)
+ROUNDS = whole_number("NGRAM_SPEC_BENCH_ROUNDS", 2)
+EDITS = whole_number("NGRAM_SPEC_BENCH_EDITS", 2)
 FIXED_K = (8, 16, 32, 64)
 CONFIGS = {"plain": None, "lookup": dict(drafter="lookup", draft_max=None),
            "auto": dict(drafter="auto", draft_max=None),

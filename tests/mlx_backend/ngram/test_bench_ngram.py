@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from bench_knobs import whole_number
 
 import mlx_backend.ngram.api as api
 import reference.ngram.api as ref
@@ -487,7 +488,7 @@ def test_bench_cold_start(benchmark, data, tmp_path, command):
             times.append(_command(argv, cache))
             (tmp_path / "out.bin").unlink(missing_ok=True)
 
-    benchmark.pedantic(cold_then_warm, rounds=int(os.environ.get("NGRAM_SPEC_BENCH_ROUNDS", "3")), iterations=1)
+    benchmark.pedantic(cold_then_warm, rounds=whole_number("NGRAM_SPEC_BENCH_ROUNDS", 3), iterations=1)
     precompile_s = _command(["precompile", "--quiet"], tmp_path / "numba-precompiled")
     last = []
     after_precompile_s = _command(argv, tmp_path / "numba-precompiled", last)

@@ -27,14 +27,15 @@ import time
 from pathlib import Path
 
 import pytest
+from bench_knobs import whole_number
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("mlx_lm")
 
 from test_server import Server  # noqa: E402
 
-MAX_TOKENS = int(os.environ.get("NGRAM_SPEC_BENCH_TOKENS", "160"))
-LINES = int(os.environ.get("NGRAM_SPEC_BENCH_LINES", "60"))  # of textwrap.py shown in the first turn
+MAX_TOKENS = whole_number("NGRAM_SPEC_BENCH_TOKENS", 160)
+LINES = whole_number("NGRAM_SPEC_BENCH_LINES", 60)  # of textwrap.py shown in the first turn
 SERVE_ARGS = os.environ.get("NGRAM_SPEC_BENCH_SERVE_ARGS", "").split()  # e.g. "--draft-max 4"
 EDITS = (
     "Rename the class TextWrapper to LineWrapper everywhere.",
@@ -120,7 +121,7 @@ FREE_CHAT = (  # free writing: the answer copies nothing from the prompt
     "Explain to a ten-year-old why the sky is blue.",
     "Write a poem about autumn rain in a small town.",
 )
-FREE_ROUNDS = int(os.environ.get("NGRAM_SPEC_BENCH_FREE_ROUNDS", "2"))
+FREE_ROUNDS = whole_number("NGRAM_SPEC_BENCH_FREE_ROUNDS", 2)
 FREE_ASKS = ("Write a short story about {}.", "Write a poem about {}.", "Describe {} to a ten-year-old.")
 FREE_SUBJECTS = ("a lighthouse keeper", "autumn rain in a small town", "a busy fish market", "a lost umbrella",
                  "a mountain hut at dawn", "a cat who hates Mondays", "the first day of school", "an old bicycle",

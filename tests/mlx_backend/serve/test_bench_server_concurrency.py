@@ -47,6 +47,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from bench_knobs import whole_number, whole_numbers
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("mlx_lm")
@@ -54,11 +55,11 @@ pytest.importorskip("mlx_lm")
 from test_bench_server import conditions, free_requests, smollm2_dir, warm_up  # noqa: E402,F401 (a fixture)
 from test_server import Server  # noqa: E402
 
-MAX_TOKENS = {"edits": int(os.environ.get("NGRAM_SPEC_BENCH_EDIT_TOKENS", "512")),
-              "free": int(os.environ.get("NGRAM_SPEC_BENCH_TOKENS", "96"))}
+MAX_TOKENS = {"edits": whole_number("NGRAM_SPEC_BENCH_EDIT_TOKENS", 512),
+              "free": whole_number("NGRAM_SPEC_BENCH_TOKENS", 96)}
 WORKLOADS = os.environ.get("NGRAM_SPEC_BENCH_WORKLOADS", "edits,free").split(",")
-CONCURRENCY = [int(c) for c in os.environ.get("NGRAM_SPEC_BENCH_CONCURRENCY", "1,2,4,8").split(",")]
-LONE = int(os.environ.get("NGRAM_SPEC_BENCH_LONE", "4"))
+CONCURRENCY = whole_numbers("NGRAM_SPEC_BENCH_CONCURRENCY", "1,2,4,8")
+LONE = whole_number("NGRAM_SPEC_BENCH_LONE", 4)
 TRACES = Path(__file__).resolve().parents[3] / "benchmarks" / "data" / "edit-traces.jsonl.xz"
 
 
