@@ -85,6 +85,13 @@ BUCKET_LABELS = ("0", "1", "2-3", "4-7", "8-15", "16-31", "32+")
 PRIORS = (0.5, 0.2, 0.5, 0.85, 0.92, 0.95, 0.97)
 PRIOR_WEIGHT = 2    # observations a prior counts as: the first ones move an estimate fast
 WINDOW = 16         # timings kept per S (the estimate is their median)
+#: plain timings needed before c_p is known: their median, so that one stalled step (a kernel compiled or
+#: loaded on its first call, seen at 1 s against 1-100 ms) does not become the c_p that verify timings
+#: are divided by (seen: a first run's learned c(S)/c(1) flat at 1.01 up to S = 65, kept for later runs)
+MIN_PLAIN = 3
+#: the layout and meaning of the kept timings; part of the key, so that timings of an earlier meaning are
+#: not read (2: verify timings related to a c_p of at least MIN_PLAIN plain timings)
+COSTS_VERSION = 2
 COST_FILE = "step-costs.json"
 _COSTS: dict[str, "StepCosts"] = {}
 
@@ -96,14 +103,19 @@ class StepCosts:
     not the first step of a plain run, which also pays for the rollback and graph changes of the
     verify step before it, nor its last, launched a step before it is waited for); ``samples[S]``, S >= 1, the seconds of a verify step over S tokens (the
     forward, reading its tokens and the rollback) divided by ``c_p`` at that time, so that a change
-    of machine load between runs cancels out. ``c(1)`` is ``c_p`` until timed (a fixed-length
+    of machine load between runs cancels out. ``c_p`` is the median of the plain timings and is known
+    once there are :data:`MIN_PLAIN` of them: before, nothing is estimated (the policy decodes plainly,
+    which times more) and a verify timing is dropped. ``c(1)`` is ``c_p`` until timed (a fixed-length
     policy's empty draft; the cost-aware one pipelines those steps). Each keeps its last :data:`WINDOW` values and is estimated by their median, made
     non-decreasing in S (:func:`_non_decreasing`, weighted by the number of timings). An S
     never timed is interpolated linearly between timed ones, and beyond the largest timed S
     extrapolated conservatively (:meth:`estimate`; :data:`PRIOR_SLOPE` a token before any).
 
     >>> costs = StepCosts(4)
-    >>> costs.add(0, 0.1); costs.add(3, 0.12)     # a plain step of 100 ms, a verify of 3 in 120 ms
+    >>> costs.add(0, 1.0); costs.add(0, 0.1)      # a stalled plain step, a plain step of 100 ms
+    >>> costs.estimate() is None                  # c_p not known yet: fewer than MIN_PLAIN timings
+    True
+    >>> costs.add(0, 0.1); costs.add(3, 0.12)     # c_p = median(1.0, 0.1, 0.1); a verify of 3 in 120 ms
     >>> [round(c, 3) for c in costs.estimate()[0]]
     [0.1, 0.11, 0.12, 0.13]
     """
@@ -123,8 +135,8 @@ class StepCosts:
     def add(self, S: int, seconds: float) -> None:
         """Record a step: S = 0 a pipelined plain step, S >= 1 a forward over S tokens waited for."""
         if S > 0:
-            if not self.samples.get(0):
-                return   # relative to c_p: nothing to relate to yet
+            if len(self.samples.get(0, ())) < MIN_PLAIN:
+                return   # relative to c_p: not known yet
             seconds /= self._median(0)
         self.samples.setdefault(S, []).append(seconds)
         del self.samples[S][:-WINDOW]
@@ -132,14 +144,14 @@ class StepCosts:
         self.n_new += 1
 
     def estimate(self) -> tuple[list[float], float] | None:
-        """``([c(1), ..., c(s_max)], c_p)`` in seconds, or None before the first timed plain step.
+        """``([c(1), ..., c(s_max)], c_p)`` in seconds, or None before :data:`MIN_PLAIN` timed plain steps.
 
         Beyond the largest timed size ``T`` the estimate is conservative: up to ``2 T`` it grows with
         the steeper of the mean slope from S = 1 and the slope over the upper half of the timed range
         (a curve that is flat while the forward is bandwidth-bound and then rises is not taken as
         flat), beyond ``2 T`` at least by :data:`PRIOR_SLOPE` per token, so the policy tries sizes at
         most about twice those it has timed (each timed size then widens the range)."""
-        if not self.samples.get(0):
+        if len(self.samples.get(0, ())) < MIN_PLAIN:
             return None
         c_p = self._median(0)
         known = sorted({1, *(S for S in self.samples if S > 0)})
@@ -198,7 +210,7 @@ class DraftPolicy:
     """Chooses the draft length from verify costs ``costs[S - 1]``, the pipelined plain cost and
     tracked acceptance; ``plain_cost`` defaults to ``c(1)`` (no pipelining gain). With
     ``step_costs`` instead of ``costs``, the costs are learned from the steps the generator times
-    (:meth:`observe_cost`); until the first one it drafts nothing.
+    (:meth:`observe_cost`); until c_p is known (:data:`MIN_PLAIN` plain steps) it drafts nothing.
 
     Acceptance ``a_i`` is kept per match-length bucket (:func:`match_bucket` of the drafter's
     ``match_length`` when it proposed): ``accept_by[b][i - 1]``. ``prior`` is the acceptance before
@@ -394,10 +406,10 @@ class FixedDraftLength:
 
 def model_key(model: nn.Module, what) -> str:
     """What a step cost depends on: the measurement ``what``, architecture and sizes, dtype,
-    device, machine, mlx version, BLAS."""
+    device, machine, mlx version, BLAS; and :data:`COSTS_VERSION`, what the kept timings mean."""
     params = tree_flatten(model.parameters())
     shapes = sorted((name, tuple(p.shape), str(p.dtype)) for name, p in params)
-    return json.dumps([type(model).__module__, repr(shapes), what, str(mx.default_device()),
+    return json.dumps([COSTS_VERSION, type(model).__module__, repr(shapes), what, str(mx.default_device()),
                        platform.machine(), platform.node(), mx.__version__, blas_in_use()])
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import assume, given, settings, strategies as st
 
 from mlx_backend.batch.policy import expected_tokens, leave_plain, plain_time, relative_costs, width
-from mlx_backend.decode.draft_policy import DraftPolicy, StepCosts
+from mlx_backend.decode.draft_policy import MIN_PLAIN, DraftPolicy, StepCosts
 
 
 def curve(T_max, slope):
@@ -69,7 +69,8 @@ def test_expected_tokens_are_the_policy_s():
 
 def test_relative_costs_extend_the_learned_curve():
     costs = StepCosts(4)
-    costs.add(0, 0.1)
+    for _ in range(MIN_PLAIN):
+        costs.add(0, 0.1)
     costs.add(4, 0.14)
     rel = relative_costs(costs, 10)
     assert len(rel) == 10 and rel[0] == 1.0

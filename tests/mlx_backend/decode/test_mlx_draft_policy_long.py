@@ -9,7 +9,7 @@ import time
 from hypothesis import given, settings, strategies as st
 
 from mlx_backend.decode import draft_policy
-from mlx_backend.decode.draft_policy import (DEFAULT_K_MAX, MATCH_BUCKETS, PRIORS, DraftPolicy, StepCosts,
+from mlx_backend.decode.draft_policy import (DEFAULT_K_MAX, MATCH_BUCKETS, MIN_PLAIN, PRIORS, DraftPolicy, StepCosts,
                                              match_bucket)
 
 K = DEFAULT_K_MAX
@@ -18,7 +18,8 @@ K = DEFAULT_K_MAX
 def test_the_cap_is_64_and_costs_reach_65():
     assert K == 64
     costs = StepCosts(K + 1)
-    costs.add(0, 0.1)
+    for _ in range(MIN_PLAIN):
+        costs.add(0, 0.1)
     policy = DraftPolicy(step_costs=costs)
     assert policy.k_max == 64 and len(policy.costs) == 65 and len(policy.accept_by[-1]) == 64
 
@@ -79,8 +80,9 @@ def test_a_fresh_policy_does_not_start_long(slope, match, long_match, c_p):
     policy = DraftPolicy([1.0 + slope * s for s in range(K + 1)], plain_cost=1.0)
     assert policy.choose(K, match) <= 24
     costs = StepCosts(K + 1)
-    costs.add(0, c_p)
-    assert DraftPolicy(step_costs=costs).choose(K, long_match) < 16
+    for _ in range(MIN_PLAIN):
+        costs.add(0, c_p)
+    assert costs.estimate() is not None and DraftPolicy(step_costs=costs).choose(K, long_match) < 16
 
 
 def copy_run(policy, steps, match=40, source_len=4000):

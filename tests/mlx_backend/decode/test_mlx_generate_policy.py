@@ -85,6 +85,8 @@ def test_linear_costs_are_recovered_from_two_timed_sizes(c_p, c1, slope, timed):
     (in any order, each after a plain step): the estimate is the line up to twice the largest timed
     size T; beyond 2 T (extrapolated far from any timing) it rises by at least PRIOR_SLOPE a token."""
     costs = StepCosts(20)
+    for _ in range(draft_policy.MIN_PLAIN - 1):
+        costs.add(0, c_p)
     for S in [1, *timed]:
         costs.add(0, c_p)
         costs.add(S, c_p * (c1 + slope * (S - 1)))
@@ -106,6 +108,8 @@ def test_extrapolation_is_conservative_for_a_rising_curve(c_p, flat, knee, steep
     beyond is estimated at no less than its true cost (the mean slope from S = 1 would be less)."""
     true = lambda S: c_p * (flat + steep * max(S - knee, 0))   # noqa: E731
     costs = StepCosts(65)
+    for _ in range(draft_policy.MIN_PLAIN - 1):
+        costs.add(0, c_p)
     for S in [1, 2, knee, 2 * knee + 1]:
         costs.add(0, c_p)
         costs.add(S, true(S))
@@ -119,7 +123,8 @@ def test_estimate_never_decreases_and_keeps_ordered_medians(samples):
     import statistics
 
     costs = StepCosts(9)
-    costs.add(0, 1.0)
+    for _ in range(draft_policy.MIN_PLAIN):
+        costs.add(0, 1.0)
     for S, values in samples.items():
         for v in values:
             costs.add(0, 1.0)
@@ -139,9 +144,28 @@ def test_costs_before_any_timed_step():
     assert policy.choose(8) == 0 and not policy.leave_plain(8)       # nothing known: plain steps
     costs.add(4, 0.5)                                                # a verify with no c_p to relate to
     assert costs.estimate() is None
-    policy.observe_cost(0, 0.1)                                      # one plain step: prior slope
+    for _ in range(draft_policy.MIN_PLAIN - 1):                      # too few plain steps: c_p not known
+        policy.observe_cost(0, 0.1)
+        costs.add(4, 0.5)                                            # a verify is not related to them
+        assert costs.estimate() is None and policy.choose(8) == 0 and not policy.leave_plain(8)
+    policy.observe_cost(0, 0.1)                                      # MIN_PLAIN plain steps: prior slope
     assert [round(c / 0.1, 6) for c in policy.costs] == [1 + draft_policy.PRIOR_SLOPE * i for i in range(9)]
     assert policy.choose(8) > 0                                      # acceptance 1: drafting pays
+
+
+def test_a_stalled_first_plain_step_does_not_become_c_p():
+    """A first run times a plain step that stalled (a kernel compiled or loaded on its first call: 1 s
+    where a step takes 0.1 s), then verify steps: c(S) is related to the median of MIN_PLAIN plain
+    steps, not to the stall (which made c(S) / c_p about 0.15, a verify looking cheaper than a token)."""
+    costs = StepCosts(9)
+    costs.add(0, 1.0)
+    for _ in range(draft_policy.MIN_PLAIN - 1):
+        costs.add(4, 0.15)          # before c_p is known: dropped
+        costs.add(0, 0.1)
+    costs.add(4, 0.15)
+    estimate, c_p = costs.estimate()
+    assert c_p == 0.1 and math.isclose(estimate[3] / c_p, 1.5)
+    assert len(costs.samples[4]) == 1              # the verifies before c_p was known were dropped
 
 
 def test_learned_costs_are_kept_for_later_runs(tmp_path, monkeypatch):
