@@ -132,10 +132,14 @@ class StepCosts:
             self._medians[S] = statistics.median(self.samples[S])
         return self._medians[S]
 
+    def c_p_known(self) -> bool:
+        """Whether ``c_p`` is known: :data:`MIN_PLAIN` plain timings to take the median of."""
+        return len(self.samples.get(0, ())) >= MIN_PLAIN
+
     def add(self, S: int, seconds: float) -> None:
         """Record a step: S = 0 a pipelined plain step, S >= 1 a forward over S tokens waited for."""
         if S > 0:
-            if len(self.samples.get(0, ())) < MIN_PLAIN:
+            if not self.c_p_known():
                 return   # relative to c_p: not known yet
             seconds /= self._median(0)
         self.samples.setdefault(S, []).append(seconds)
@@ -151,7 +155,7 @@ class StepCosts:
         (a curve that is flat while the forward is bandwidth-bound and then rises is not taken as
         flat), beyond ``2 T`` at least by :data:`PRIOR_SLOPE` per token, so the policy tries sizes at
         most about twice those it has timed (each timed size then widens the range)."""
-        if len(self.samples.get(0, ())) < MIN_PLAIN:
+        if not self.c_p_known():
             return None
         c_p = self._median(0)
         known = sorted({1, *(S for S in self.samples if S > 0)})
