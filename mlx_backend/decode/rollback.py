@@ -44,7 +44,6 @@ from typing import Any, Callable
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-from mlx_lm.models import qwen3_5, qwen3_next
 from mlx_lm.models.cache import ArraysCache, CacheList, RotatingKVCache
 try:
     from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk

@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 from mlx.utils import tree_flatten
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import (ArraysCache, KVCache, QuantizedKVCache, RotatingKVCache,
-                                 _BaseCache, make_prompt_cache)
+                                 make_prompt_cache)
 
 from mlx_backend.decode.generate import ngram_speculative_generate_step
 from mlx_backend.models.compat import build

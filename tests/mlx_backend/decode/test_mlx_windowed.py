@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 
 import mlx.core as mx
-import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 from mlx_lm.generate import generate_step
