@@ -5,7 +5,9 @@ files) goes through :func:`atomic_write`: the content is written to a temporary 
 directory, flushed and ``fsync``'ed, then renamed over the target (``os.replace``, atomic on POSIX),
 so the target holds either its old bytes or the complete new ones. On any exception, including
 ``KeyboardInterrupt`` (SIGINT) and SIGTERM (turned into ``SystemExit(143)`` while a write is open),
-the temporary file is removed and the old file is left untouched.
+the temporary file is removed and the old file is left untouched. A set of files that belong together
+(``tiny-model``'s model folder) goes through :func:`atomic_files`: written into a temporary folder, then
+renamed in together with the signals held back.
 
 Signal handlers that raise (SIGTERM here, Ctrl-C's while a command runs: :func:`interrupt_handler`,
 installed by ``mlx_backend.cli.main``) raise only where Python passes the exception on: a signal that
@@ -36,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 import signal
 import tempfile
 import threading
@@ -194,6 +197,36 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", **open_kwargs) -> It
                 os.unlink(tmp)
 
 
+@contextlib.contextmanager
+def atomic_files(folder: str | os.PathLike) -> Iterator[Path]:
+    """A temporary folder inside ``folder`` (created if needed) to write a set of files into; when the
+    block ends normally each is renamed into ``folder`` (over any file of the same name, other files left
+    alone) with SIGINT and SIGTERM held back until the last rename, so the folder holds the old set or
+    the new one, never a mix; on any exception the temporary folder is removed."""
+    if not os.fspath(folder):
+        raise ValueError("the output folder is empty; give a folder path")
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(folder))
+    with _sigterm_unwinds():
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=folder, prefix=".ngram-spec.", suffix=".tmp"))
+        try:
+            yield tmp
+            hold = os.environ.get(HOLD_ENV)   # the tests' pause, as in atomic_write
+            if hold:
+                time.sleep(float(hold))
+            held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+            try:
+                for f in sorted(tmp.iterdir()):
+                    os.chmod(f, _file_mode(folder / f.name))   # the old file's mode, else the umask's
+                    os.replace(f, folder / f.name)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 def _file_mode(path: Path) -> int:
     """The permissions the written file gets: the old file's, else what ``open`` would give (umask)."""
     try:
@@ -206,8 +239,18 @@ def _file_mode(path: Path) -> int:
 
 def check_outputs(outputs: dict[str, str | os.PathLike | None], inputs: Iterable[str | os.PathLike | None]) -> None:
     """Refuse an output path (``outputs``: option -> path, ``None`` = not given) that is the same file
-    as one of ``inputs`` (``os.path.samefile``: symbolic and hard links included) or as another output."""
+    as one of ``inputs`` (``os.path.samefile``: symbolic and hard links included) or as another output,
+    and one that cannot be written where it points (empty, a directory, a folder that does not exist):
+    checked before any work, so a long run does not end in an error it could have given at the start."""
     given = {flag: path for flag, path in outputs.items() if path is not None}
+    for flag, output in given.items():
+        if not os.fspath(output):
+            raise ValueError(f"{flag} is empty; give a file path")
+        if os.path.isdir(output):
+            raise ValueError(f"{flag} {output} is a directory; give a file path")
+        folder = os.path.dirname(os.path.abspath(output))
+        if not os.path.isdir(folder):
+            raise ValueError(f"{flag} {output}: the folder {folder} does not exist; create it first (mkdir -p)")
     existing = [path for path in inputs if path is not None and os.path.exists(path)]
     for flag, output in given.items():
         for path in existing:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import sys
 
 from mlx_backend.cli import UserError
+from mlx_backend.cli.prompts import read_stdin_prompt
 from mlx_backend.machine.blas import add_option as add_blas_option  # stdlib only: no mlx needed
 from reference.atomic import check_outputs
 from reference.sampling import check_sampling
@@ -89,8 +89,9 @@ def _add_prompt_and_drafting_args(p) -> None:
     p.add_argument("--static", metavar="FILE", help="static n-gram cache file (from `ngram-spec create`), read only")
     p.add_argument("--dynamic", metavar="FILE",
                    help="dynamic n-gram cache file: loaded if it exists, updated with this run's n-grams and "
-                        "saved atomically at the end (llama.cpp's lookup -lcd); a run interrupted before the end "
-                        "(Ctrl-C) learns nothing and leaves the file as it was")
+                        "saved atomically at the end, in the format it had (a new file: llama.cpp's) (llama.cpp's "
+                        "lookup -lcd); a run interrupted before the end (Ctrl-C) learns nothing and leaves the "
+                        "file as it was")
 
 
 def _add_sampling_args(p) -> None:
@@ -167,9 +168,7 @@ def check_generate_args(args) -> None:
 
 def cmd_generate(args) -> int:
     check_generate_args(args)
-    if args.prompt == "-":
-        args.prompt = sys.stdin.read()  # mlx_lm.generate's convention
-    if args.backend == "mlx":
+    if args.backend == "mlx":   # reads `--prompt -` itself, after its BLAS re-run (which would find stdin used up)
         try:
             from mlx_backend.cli.generate_mlx import run_generate
         except ImportError as exc:
@@ -178,4 +177,5 @@ def cmd_generate(args) -> int:
         return run_generate(args)
     from mlx_backend.cli.generate_reference import run_reference
 
+    read_stdin_prompt(args)
     return run_reference(args)

@@ -11,7 +11,7 @@ import mlx.core as mx
 
 from mlx_backend.cli.demo import describe_costs
 from mlx_backend.cli.generate_record import drafter_name, generation_record, lookup_part
-from mlx_backend.cli.prompts import prompt_tokens
+from mlx_backend.cli.prompts import prompt_tokens, read_stdin_prompt
 from mlx_backend.machine.blas import blas_in_use, ensure_fast_blas
 from mlx_backend.models.loading import load_model
 
@@ -44,6 +44,7 @@ def run_generate(args) -> int:
     if sys.argv[1:2] == ["generate"]:  # only when this process is `ngram-spec generate` (not called in-process);
         faulthandler.enable(all_threads=True)  # a native crash (e.g. SIGILL in a BLAS) names its signal and stack
         ensure_fast_blas(sys.argv[1:], getattr(args, "blas", None))  # first: the re-run imports mlx-lm again
+    read_stdin_prompt(args)   # after the re-run, which gets this process's stdin unread
     import math
 
     from mlx_backend.decode.draft_policy import DEFAULT_K_MAX

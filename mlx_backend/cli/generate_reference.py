@@ -9,6 +9,7 @@ from pathlib import Path
 from mlx_backend.cli import UserError
 from mlx_backend.cli.generate_record import drafter_name, generation_record, lookup_part, save_dynamic
 from mlx_backend.cli.prompts import chat_messages
+from reference.ngram.file_errors import OURS_MAGIC
 from reference.ngram.ours_file import check_file_tokenizer
 from reference.speculative import REFERENCE_DRAFT_MAX
 
@@ -72,6 +73,17 @@ def eos_ids(model_dir: Path, tokenizer, extra=()) -> set[int]:
     return ids
 
 
+def check_dynamic_writable(args) -> None:
+    """Before any work: the reference reads a --dynamic file of our format but writes llama.cpp's only, so
+    saving it back would change its format unasked."""
+    if args.dynamic and not args.no_spec and Path(args.dynamic).is_file():
+        with open(args.dynamic, "rb") as f:
+            if f.read(len(OURS_MAGIC)) == OURS_MAGIC:
+                raise UserError(f"--dynamic {args.dynamic} is in ngram-spec's own format, which --backend reference "
+                                f"reads but does not write; use --backend mlx, or convert it first: ngram-spec "
+                                f"convert {args.dynamic} --to llama -o OTHER_FILE")
+
+
 def run_reference(args) -> int:
     import time
 
@@ -92,6 +104,7 @@ def run_reference(args) -> int:
     if args.dtype not in ("auto", "float32", "float64"):
         raise UserError(f"--backend reference computes in float32 or float64, not {args.dtype}")
     draft_max = REFERENCE_DRAFT_MAX if args.draft_max is None else args.draft_max
+    check_dynamic_writable(args)
     model_dir = Path(args.model)
     model = load_model(model_dir, np.float64 if args.dtype == "float64" else np.float32)
     tokenizer = load_tokenizer(model_dir, required=args.prompt is not None)

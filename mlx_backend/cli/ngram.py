@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import gzip
 import inspect
 import io
 import json
@@ -23,9 +24,11 @@ from reference.atomic import atomic_write, check_outputs
 from mlx_backend.machine.backends import BACKENDS, DEFAULT_HELP, get_backend
 from mlx_backend.cli import UserError
 from mlx_backend.cli.progress import add_option as add_progress_option, bar
+from mlx_backend.cli.prompts import check_unicode
 from reference.ngram.draft import SCORES
 from reference.ngram.ours_file import tokenizer_fingerprint
 from reference.ngram.replay import check_replay_args
+from reference.ngram.tokens import read_bytes
 from reference.suffix.replay import replay_requests
 
 DRAFT_DUMP_HEADER = "# pos k draft_1..draft_k  (pos = index in the token file of the token draft_1 predicts)\n"
@@ -48,7 +51,9 @@ def register(subparsers) -> None:
                         "or a .gguf model file")
     p.add_argument("--no-special", action="store_true",
                    help="with --tokenizer: do not add special tokens such as BOS (llama.cpp adds them)")
-    p.add_argument("--tokens-out", metavar="FILE", help="also write the tokens of INPUT to FILE (.i32 or .npy)")
+    p.add_argument("--tokens-out", metavar="FILE",
+                   help="also write the tokens of INPUT to FILE (.npy if so named, else raw little-endian int32: "
+                        ".i32)")
     add_format_arg(p)
     add_backend_arg(p)
     add_progress_option(p)
@@ -90,7 +95,7 @@ def register_stats(subparsers, fmt) -> None:
                     "into the dynamic cache afterwards. Reports drafted and accepted tokens, the acceptance\n"
                     "rate, and the drafting time per drafted token.\n\n"
                     "With --requests FILE instead of TOKENS: replay recorded requests as the generation loop\n"
-                    "would run them (reference/suffix/replay.py). FILE is JSON Lines (.jsonl, or .jsonl.xz),\n"
+                    "would run them (reference/suffix/replay.py). FILE is JSON Lines (.jsonl, .jsonl.xz, .jsonl.gz),\n"
                     "one request a line: {\"prompt\": TEXT or [ids], \"output\": TEXT or [ids]}, the output\n"
                     "being what greedy decoding gave for the prompt; text is tokenized as is (no chat\n"
                     "template, no special tokens) with --model's tokenizer. Each request starts with k = 0\n"
@@ -121,9 +126,10 @@ def register_stats(subparsers, fmt) -> None:
                         "drafter also matches every earlier request's prompt and output, in file order, as a "
                         "server sees them; lookup ignores it)")
     p.add_argument("--model", metavar="PATH",
-                   help="with --requests: the tokenizer for text requests (and the vocabulary ids are checked "
-                        "against): a .gguf model file, or a model directory / tokenizer.json (default: the "
-                        "bundled SmolLM2-135M-Instruct GGUF)")
+                   help="with --requests: the tokenizer for text requests, whose vocabulary every id is then "
+                        "checked against: a .gguf model file, or a model directory / tokenizer.json (default: the "
+                        "bundled SmolLM2-135M-Instruct GGUF, loaded only when a line holds text; a file of ids "
+                        "alone is checked against a vocabulary only with --model)")
     p.add_argument("--score", choices=SCORES, default="exact",
                    help="score arithmetic: exact integers (default), or int32 = llama.cpp's wrapping 32-bit "
                         "product (identical unless a product exceeds 2**31-1)")
@@ -157,6 +163,15 @@ def add_backend_arg(p: argparse.ArgumentParser) -> None:
 
 # --- helpers -------------------------------------------------------------------------------------
 
+TEXT_SUFFIXES = (".txt", ".md", ".rst", ".text")  # create's INPUT: text to tokenize, not token ids
+
+
+def tokenizer_file(path: str) -> Path:
+    """The file ``--tokenizer PATH`` reads: PATH, or the ``tokenizer.json`` in it when it is a directory."""
+    p = Path(path)
+    return p / "tokenizer.json" if p.is_dir() else p
+
+
 def load_tokenizer(path: str):
     """A Hugging Face tokenizer (``encode(text, add_special_tokens=...)``, ``get_vocab()``) from a
     ``tokenizer.json`` (or a directory holding one), or from the vocabulary stored in a ``.gguf`` model file."""
@@ -167,7 +182,7 @@ def load_tokenizer(path: str):
         except ImportError as exc:
             raise UserError(f"a .gguf tokenizer needs the mlx extra ({exc}): pip install 'ngram-spec[mlx]'") from exc
         return load_gguf_tokenizer(p)._tokenizer
-    file = p / "tokenizer.json" if p.is_dir() else p
+    file = tokenizer_file(path)
     if not file.is_file():
         raise UserError(f"tokenizer {path}: no tokenizer.json found (pass the file, the directory holding it, "
                         "or a .gguf model file)")
@@ -210,10 +225,14 @@ def read_input_tokens(backend, path: str):
 
 
 def load_cache_file(backend, path: str, what: str = ""):
+    """The cache at ``path``, every array checked: the reference parses and checks the whole file; the
+    mlx backend maps a file of our format and checks its arrays (``verify``: about 0.2-0.5 s for 120 MB),
+    so a file damaged past its header checksum is refused here rather than drafted from or copied into
+    an output."""
     check_input_file(path, f"{what} cache file".lstrip())
     if "progress" in inspect.signature(backend.load_cache).parameters:  # the reference parses the whole file
         return backend.load_cache(path, progress=bar(f"load {Path(path).name}", "B"))
-    return backend.load_cache(path)
+    return backend.load_cache(path, verify=True)
 
 
 def check_format(backend, fmt: str, flag: str = "--format") -> None:
@@ -246,7 +265,11 @@ def check_static(backend, cache, path: str) -> None:
 def cmd_create(args) -> int:
     backend = get_backend(args.backend)
     check_format(backend, args.format)
-    check_outputs({"-o": args.output, "--tokens-out": args.tokens_out}, inputs=[args.input, args.tokenizer])
+    if args.tokens_out and (args.tokens_out.endswith(".xz") or Path(args.tokens_out).suffix in TEXT_SUFFIXES):
+        raise UserError(f"--tokens-out {args.tokens_out}: a name that reads back as something else (.xz is "
+                        "decompressed, a text suffix is tokenized); name it .i32 (raw little-endian int32) or .npy")
+    check_outputs({"-o": args.output, "--tokens-out": args.tokens_out},
+                  inputs=[args.input, args.tokenizer and tokenizer_file(args.tokenizer)])
     tokenizer = None
     if args.tokenizer:
         tokenizer = load_tokenizer(args.tokenizer)
@@ -257,17 +280,17 @@ def cmd_create(args) -> int:
             raise UserError(f"{args.input}: not UTF-8 text ({exc}); token files need no --tokenizer") from exc
         tokens = encode(tokenizer, text, not args.no_special)
     else:
-        if Path(args.input).suffix in (".txt", ".md", ".rst", ".text"):
+        if Path(args.input).suffix in TEXT_SUFFIXES:
             raise UserError(f"{args.input} looks like a text file: pass --tokenizer PATH to tokenize it")
         tokens = read_input_tokens(backend, args.input)
-    if args.tokens_out:
-        from reference.ngram.tokens import write_tokens
-        write_tokens(args.tokens_out, tokens)
     t0 = time.perf_counter()
     cache = backend.build_static(tokens, progress=bar("create", "tok", False if args.no_progress else None))
     if tokenizer is not None and args.format == "ours":  # recorded, so the cache is refused with another tokenizer
         cache.vocab_size, cache.fingerprint = tokenizer_fingerprint(tokenizer)
     save_cache_file(backend, cache, args.output, args.format)
+    if args.tokens_out:   # after the cache: a run that fails leaves neither
+        from reference.ngram.tokens import write_tokens
+        write_tokens(args.tokens_out, tokens)
     print(f"{args.output}: {len(cache)} 2-grams, {cache.n_entries()} entries from {len(tokens)} tokens "
           f"({time.perf_counter() - t0:.2f} s, backend {backend_name(backend)})", file=sys.stderr)
     return 0
@@ -364,17 +387,23 @@ def check_request_args(args) -> None:
         raise UserError(f"--draft-max must be >= 0, got {args.n_draft}")
 
 
+GZIP_MAGIC, XZ_MAGIC = b"\x1f\x8b", b"\xfd7zXZ\x00"
+
+
 def read_request_lines(path: str) -> list[tuple[int, dict]]:
-    """``(line number, object)`` of every non-blank line of a JSON Lines file (``.xz``: decompressed)."""
+    """``(line number, object)`` of every non-blank line of a JSON Lines file, UTF-8 (a byte-order mark
+    allowed); xz- or gzip-compressed files are decompressed (known by their first bytes, whatever the name)."""
     check_input_file(path, "requests file")
-    data = Path(path).read_bytes()
-    if path.endswith(".xz"):
-        try:
-            data = lzma.decompress(data)
-        except lzma.LZMAError as exc:
-            raise UserError(f"{path}: not a valid .xz file ({exc})") from exc
+    data = read_bytes(path)
     try:
-        text = data.decode("utf-8")
+        if data.startswith(GZIP_MAGIC):
+            data = gzip.decompress(data)
+        elif data.startswith(XZ_MAGIC):
+            data = lzma.decompress(data)
+    except (OSError, EOFError, lzma.LZMAError) as exc:
+        raise UserError(f"{path}: a damaged compressed file ({exc})") from None
+    try:
+        text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise UserError(f"{path}: not UTF-8 text ({exc})") from exc
     rows = []
@@ -385,6 +414,9 @@ def read_request_lines(path: str) -> list[tuple[int, dict]]:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             raise UserError(f"{path}:{number}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
+        except (ValueError, RecursionError) as exc:   # an integer of over 4,300 digits; nesting too deep
+            raise UserError(f"{path}:{number}: not valid JSON for a request ({type(exc).__name__}: "
+                            f"{str(exc).split(';')[0]})") from None
         if not isinstance(obj, dict):
             raise UserError(f"{path}:{number}: a request must be a JSON object with \"prompt\" and \"output\", "
                             f"got {type(obj).__name__}")
@@ -401,6 +433,8 @@ def read_request_lines(path: str) -> list[tuple[int, dict]]:
             if len(value) == 0:
                 raise UserError(f"{path}:{number}: {key!r} is empty (a request has at least one prompt token "
                                 "and one output token)")
+            if isinstance(value, str):
+                check_unicode(value, f"{path}:{number}: {key!r}")
         rows.append((number, obj))
     if not rows:
         raise UserError(f"{path}: no requests (one JSON object a line)")

@@ -9,6 +9,7 @@ Where drafting does not pay, it decodes plainly, pipelined like ``mlx_lm.generat
 """
 from __future__ import annotations
 
+import numbers
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generator, Optional, Union
@@ -78,6 +79,21 @@ def vocab_size(model: nn.Module) -> Optional[int]:
     return getattr(getattr(model, "args", None), "vocab_size", None)
 
 
+def is_whole(x) -> bool:
+    """An integer (Python's or NumPy's), not a bool."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def as_token_ids(prompt) -> list[int]:
+    """The prompt (an ``mx.array`` or a sequence) as a list of ints; anything but a 1-D run of integers is a
+    ``TypeError`` (before: float ids were truncated silently, a 2-D array failed inside ``int()``)."""
+    values = prompt.tolist() if isinstance(prompt, mx.array) else list(prompt)
+    bad = next((t for t in values if not is_whole(t)), None)
+    if bad is not None:
+        raise TypeError(f"the prompt must be a 1-D sequence of integer token ids, got {type(bad).__name__} {bad!r}")
+    return [int(t) for t in values]
+
+
 def check_prompt(prompt_ids: list[int], model: nn.Module) -> None:
     """Refuse an empty prompt or a token id outside the model's vocabulary (ValueError naming both)."""
     if not prompt_ids:
@@ -94,6 +110,9 @@ def run_drafter(drafter, draft_max, *, c_st=None, c_dyn=None, history=None):
     :func:`mlx_backend.ngram.default.make_drafter` (None with ``draft_max=0``: nothing to draft). An unknown
     name is a ``ValueError`` naming the choices."""
     if drafter is not None and not isinstance(drafter, str):
+        if not isinstance(drafter, Drafter):
+            raise TypeError(f"drafter must be one of {', '.join(DRAFTERS)}, None (auto) or a Drafter (reset, draft, "
+                            f"extend: reference/drafter.py), got {type(drafter).__name__}")
         return drafter
     from mlx_backend.ngram.default import make_drafter   # its tables' compiled loops load only when used
 
@@ -115,8 +134,10 @@ class _Run:
 
     def __init__(self, prompt, model, *, max_tokens, sampler, logits_processors, prompt_cache, prefill_step_size,
                  draft_max, drafter, c_st, c_dyn, stats, draft_policy, gdn_path, suffix_history=None):
-        self.prompt = [int(t) for t in (prompt.tolist() if isinstance(prompt, mx.array) else prompt)]
+        self.prompt = as_token_ids(prompt)
         check_prompt(self.prompt, model)
+        if draft_max is not None and not is_whole(draft_max):
+            raise TypeError(f"draft_max must be a whole number or None (auto), got {draft_max!r}")
         if draft_max is not None and draft_max < 0:
             raise ValueError(f"draft_max must be >= 0 or None (auto), got {draft_max}")
         if prefill_step_size < 1:

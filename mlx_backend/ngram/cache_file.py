@@ -19,7 +19,6 @@ True
 """
 from __future__ import annotations
 
-import lzma
 import mmap
 import os
 import queue
@@ -37,6 +36,7 @@ from mlx_backend.ngram.radix_sort import radix_sort, radix_sort_threads
 from mlx_backend.ngram.sorted_cache import INT32_MAX, Section, SortedCache, static_top
 from reference.atomic import atomic_write
 from reference.ngram.file_errors import EMPTY_CACHE, EMPTY_FILE, CacheFileError
+from reference.ngram.tokens import read_bytes
 # the layout's constants (docs/cache-format.md) are shared with the reference's plain reader
 from reference.ngram.ours_file import (ALIGN, BOM, CRC_AT, HEADER_SIZE, MAGIC, PREFIX, SECTION, VERSION,  # noqa: F401
                                  tokenizer_fingerprint, tokenizer_mismatch, vocab_fingerprint)
@@ -449,8 +449,7 @@ def _open_words(path: Path):
     None for ``.xz``, which is decompressed into memory)."""
     mapping = None
     if path.suffix == ".xz":
-        with lzma.open(path) as f:
-            data = np.frombuffer(f.read(), np.uint8)
+        data = np.frombuffer(read_bytes(path), np.uint8)
     else:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size

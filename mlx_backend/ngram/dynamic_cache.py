@@ -31,16 +31,24 @@ def _api(api: ModuleType | None) -> ModuleType:
 
 
 def load_dynamic(path: str | os.PathLike, api: ModuleType | None = None):
-    """The cache stored at ``path``, or an empty cache if there is no such file yet."""
+    """The cache stored at ``path``, or an empty cache if there is no such file yet. Every array is
+    checked (the mlx backend's ``verify``; the reference parses the whole file anyway): the cache is
+    written back, so a damaged one must stop the run, not be copied into the new file."""
     api = _api(api)
     if not Path(path).exists():
         return api.merge_caches([])
+    if hasattr(api, "detect_format"):   # the mlx backend maps our format lazily unless asked to check
+        return api.load_cache(path, verify=True)
     return api.load_cache(path)
 
 
 def save_dynamic(path: str | os.PathLike, c_dyn, c_ctx, api: ModuleType | None = None):
-    """Merge ``c_ctx`` into (a copy of) ``c_dyn``, write it to ``path`` atomically, return it."""
+    """Merge ``c_ctx`` into (a copy of) ``c_dyn``, write it to ``path`` atomically, return it. The file
+    keeps its format: a file of our format is written in ours, any other (or a new one) in llama.cpp's."""
     api = _api(api)
     learned = api.merge_caches([c for c in (c_dyn, c_ctx) if c is not None])
-    api.save_cache(learned, path)  # both backends write through reference.atomic.atomic_write
+    if hasattr(api, "detect_format") and Path(path).is_file() and api.detect_format(path) == "ours":
+        api.save_cache(learned, path, format="ours")
+    else:
+        api.save_cache(learned, path)  # both backends write through reference.atomic.atomic_write
     return learned

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from reference.atomic import atomic_files
+
 ARCHS = ("qwen3_5", "qwen3_next", "llama", "llama_sliding")
 VOCAB_SIZE = 260
 SPECIAL_TOKENS = {"<|endoftext|>": 256, "<|im_start|>": 257, "<|im_end|>": 258}
@@ -209,9 +211,8 @@ def write_tiny_model(out: str | os.PathLike, arch: str, seed: int = 0, **overrid
     from safetensors.numpy import save_file
 
     config = tiny_config(arch, **overrides)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    save_file(tiny_weights(config, seed), str(out / "model.safetensors"), metadata={"format": "mlx"})
-    write_tokenizer(out)
-    return out
+    with atomic_files(out) as tmp:   # all four files or none: never new weights beside an old config
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        save_file(tiny_weights(config, seed), str(tmp / "model.safetensors"), metadata={"format": "mlx"})
+        write_tokenizer(tmp)
+    return Path(out)

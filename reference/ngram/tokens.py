@@ -17,6 +17,7 @@ ValueError: token file ... has 21 bytes, not a multiple of 4 (raw little-endian 
 """
 from __future__ import annotations
 
+import io
 import lzma
 import os
 from collections.abc import Iterable
@@ -31,11 +32,16 @@ NPY_MAGIC = b"\x93NUMPY"  # the first bytes of every .npy file
 
 
 def read_bytes(path: str | os.PathLike) -> bytes:
-    """The bytes of ``path``, decompressed if its name ends in ``.xz``."""
+    """The bytes of ``path``, decompressed if its name ends in ``.xz`` (a damaged ``.xz`` file is a
+    ``ValueError`` naming it, not the decompressor's bare error)."""
     path = Path(path)
     if path.suffix == ".xz":
-        with lzma.open(path) as f:
-            return f.read()
+        try:
+            with lzma.open(path) as f:
+                return f.read()
+        except (lzma.LZMAError, EOFError) as exc:
+            raise ValueError(f"{path}: not a valid .xz file ({exc}); decompress it with `xz -t` to check, "
+                             "or give the uncompressed file") from None
     return path.read_bytes()
 
 
@@ -44,7 +50,7 @@ def read_tokens(path: str | os.PathLike) -> np.ndarray:
     path = Path(path)
     name = path.name[:-3] if path.suffix == ".xz" else path.name
     if name.endswith(".npy"):
-        with (lzma.open(path) if path.suffix == ".xz" else open(path, "rb")) as f:
+        with io.BytesIO(read_bytes(path)) as f:
             if f.read(len(NPY_MAGIC)) != NPY_MAGIC:
                 raise ValueError(f"token file {path}: not a .npy file (it does not start with NumPy's magic); "
                                  "name raw little-endian int32 token files .i32")

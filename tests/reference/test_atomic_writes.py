@@ -112,7 +112,55 @@ def test_atomic_write_keeps_the_mode_and_writes_through_links(tmp_path):
 
 def test_a_directory_as_output_says_so(tmp_path, capsys):
     rc, _, err = run(capsys, "create", V("edge-rep5.i32"), "-o", tmp_path)
-    assert rc == 2 and err.strip().endswith(f"{tmp_path}: Is a directory"), err
+    assert rc == 2 and err.strip().endswith(f"-o {tmp_path} is a directory; give a file path"), err
+
+
+@pytest.mark.parametrize("backend", ["reference", "mlx"])
+def test_an_output_that_cannot_be_written_is_refused_before_any_work(tmp_path, capsys, backend):
+    """A missing folder, an empty path or a directory as an output is refused at the start, before the
+    work and before any other output is written (before: the error came after the work, e.g. 38 s of
+    stats, and create's --tokens-out was already written)."""
+    toks = tmp_path / "t.i32"
+    toks.write_bytes(V("edge-rep5.i32").read_bytes())
+    tokens_out = tmp_path / "tokens.i32"
+    cases = [
+        (["create", toks, "-o", tmp_path / "nodir" / "s.bin", "--tokens-out", tokens_out],
+         f"-o {tmp_path / 'nodir' / 's.bin'}: the folder {tmp_path / 'nodir'} does not exist; create it first"),
+        (["create", toks, "-o", "", "--tokens-out", tokens_out], "-o is empty; give a file path"),
+        (["stats", toks, "--n-ctx", 8, "--save-dynamic", tmp_path / "nodir" / "d.bin"],
+         "--save-dynamic " + str(tmp_path / "nodir" / "d.bin") + ": the folder"),
+        (["merge", V("syn-static.bin"), "-o", tmp_path], f"-o {tmp_path} is a directory"),
+    ]
+    for argv, message in cases:
+        before = sorted(p.name for p in tmp_path.iterdir())
+        rc, _, err = run(capsys, *argv, "--backend", backend)
+        assert rc == 2 and err.count("\n") == 1 and message in err, (argv, err)
+        assert sorted(p.name for p in tmp_path.iterdir()) == before, argv
+
+
+def test_create_refuses_to_write_over_the_tokenizer_it_reads(tmp_path, capsys):
+    """``--tokenizer DIR`` reads DIR/tokenizer.json: that file is an input (before, ``-o
+    DIR/tokenizer.json`` replaced it with the cache and exited 0)."""
+    from reference.models.tiny import write_tiny_model
+
+    model = write_tiny_model(tmp_path / "tiny", "llama")
+    tokenizer = (model / "tokenizer.json").read_bytes()
+    text = tmp_path / "t.txt"
+    text.write_text("the cat sat on the mat. the cat sat on the mat.\n")
+    rc, _, err = run(capsys, "create", text, "--tokenizer", model, "-o", model / "tokenizer.json")
+    assert rc == 2 and "is the same file as the input" in err, err
+    assert (model / "tokenizer.json").read_bytes() == tokenizer
+
+
+def test_tokens_out_refuses_a_name_that_reads_back_as_something_else(tmp_path, capsys):
+    """--tokens-out writes .npy, else raw int32; a name the readers take for another format (before:
+    t.i32.xz got raw, uncompressed int32 that the reader then failed to decompress; t.txt, binary that
+    create then tokenized as text) is refused before any work."""
+    for name in ("t.i32.xz", "t.npy.xz", "t.txt", "t.md"):
+        rc, _, err = run(capsys, "create", V("edge-rep5.i32"), "-o", tmp_path / "s.bin", "--tokens-out",
+                         tmp_path / name)
+        assert rc == 2 and "a name that reads back as something else" in err, (name, err)
+    assert list(tmp_path.iterdir()) == []
 
 
 def writers(tmp_path: Path):
@@ -126,7 +174,8 @@ def writers(tmp_path: Path):
         "create-mlx-llama": ["create", big, "-o", out, "--backend", "mlx"],
         "create-mlx-ours": ["create", big, "-o", out, "--backend", "mlx", "--format", "ours"],
         "create-reference-llama": ["create", toks, "-o", out, "--backend", "reference"],
-        "tokens-out": ["create", toks, "-o", tmp_path / "s.bin", "--tokens-out", out, "--backend", "mlx"],
+        # the cache first (to /dev/null: a stream, written directly, no pause), then the tokens
+        "tokens-out": ["create", toks, "-o", os.devnull, "--tokens-out", out, "--backend", "mlx"],
         "stats-drafts-out": ["stats", toks, "--n-ctx", 8, "--drafts-out", out, "--backend", "mlx"],
         "stats-save-dynamic-ours": ["stats", toks, "--n-ctx", 8, "--save-dynamic", out, "--format", "ours",
                                     "--backend", "mlx"],
@@ -178,3 +227,30 @@ def test_generate_help_says_an_interrupted_run_learns_nothing(capsys):
         main(["generate", "--help"])
     assert "interrupted before the end (Ctrl-C) learns nothing and leaves the file as it was" in " ".join(
         capsys.readouterr().out.split())
+
+
+def test_a_signal_while_tiny_model_writes_keeps_the_old_model_whole(tmp_path):
+    """``tiny-model`` writes its four files into a temporary folder and renames them in together
+    (:func:`reference.atomic.atomic_files`): SIGTERM before the renames leaves the old model as it was and
+    no temporary folder (before: each file was written in place, so a signal left new weights beside an old
+    config.json, and safetensors' own temporary file behind)."""
+    from reference.models.tiny import write_tiny_model
+
+    model = write_tiny_model(tmp_path / "m", "llama")
+    before = {p.name: p.read_bytes() for p in model.iterdir()}
+    env = {**os.environ, HOLD_ENV: "60", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "mlx_backend.cli", "tiny-model", "--arch", "qwen3_5", "-o",
+                             str(model)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(model.glob(".ngram-spec.*.tmp/tokenizer_config.json")):  # the last file: now it holds
+            assert proc.poll() is None, f"tiny-model ended before holding: {proc.stderr.read().decode()}"
+            assert time.monotonic() < deadline, "no temporary folder with the new model appeared"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 128 + signal.SIGTERM, proc.stderr.read().decode()
+    assert {p.name: p.read_bytes() for p in model.iterdir()} == before   # no temporary folder either

@@ -139,6 +139,51 @@ def test_prompt_ids_outside_the_vocabulary_get_one_line_on_mlx(models, tmp_path,
         assert str(bad) in err and err.count("\n") == 1
 
 
+def test_prompt_from_stdin_survives_the_blas_re_run(models):
+    """``--prompt -`` in a real process: where an optimized BLAS is found, ``generate`` runs itself again
+    with it interposed, and the prompt read from stdin must reach that run (before: the first process
+    read stdin, the re-run found it empty and generated from an empty prompt: 19 prompt tokens of chat
+    template instead of 51). Byte tokenizer and no chat template: one prompt token per byte."""
+    text = "the cat sat on the mat. the cat"
+    for blas in ("auto", "bundled"):
+        proc = subprocess.run([sys.executable, "-m", "mlx_backend.cli", "generate", "--model", str(models["llama"]),
+                               "--prompt", "-", "--ignore-chat-template", "--max-tokens", "2", "--json",
+                               "--blas", blas], input=text, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["prompt_tokens"] == len(text.encode()), (blas, proc.stdout)
+
+
+@pytest.mark.parametrize("backend", ["reference", "mlx"])
+def test_a_prompt_that_is_not_utf8_gets_one_line(models, capsys, backend):
+    """Bytes that are not UTF-8 reach Python as lone surrogates (``surrogateescape``); before, the tokenizer
+    raised a TypeError traceback."""
+    rc = main(["generate", "--backend", backend, "--model", str(models["llama"]), "--prompt", "abc\udcff",
+               "--max-tokens", "2"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1, err
+    assert "--prompt is not valid UTF-8 text (byte 0xff at character 3)" in err, err
+
+
+def test_dynamic_cache_keeps_its_format(models, tmp_path, capsys):
+    """A --dynamic file of our format is written back in our format by the mlx backend (before: silently
+    in llama.cpp's), and refused up front by the reference backend, which reads that format but cannot
+    write it."""
+    dyn = tmp_path / "dyn.ngc"
+    write_tokens(tmp_path / "t.i32", REPETITIVE)
+    assert main(["stats", str(tmp_path / "t.i32"), "--n-ctx", "16", "--save-dynamic", str(dyn), "--format", "ours",
+                 "--backend", "mlx"]) == 0
+    capsys.readouterr()
+    common = ["--model", str(models["llama"]), "--prompt", "the cat sat on the mat. the cat", "--max-tokens", "4",
+              "--drafter", "lookup", "--dynamic", str(dyn)]
+    run_json(capsys, "--backend", "mlx", *common)
+    assert dyn.read_bytes().startswith(b"NGRAMSPC")
+    before = dyn.read_bytes()
+    assert main(["generate", "--backend", "reference", *common]) == 2
+    err = capsys.readouterr().err
+    assert "is in ngram-spec's own format, which --backend reference reads but does not write" in err, err
+    assert dyn.read_bytes() == before
+
+
 def test_a_huge_prompt_id_is_refused_not_a_segfault(models, tmp_path):
     """Id 1e8 used to read far past the embedding: exit 139. A subprocess, so a crash cannot take pytest."""
     write_tokens(tmp_path / "p.i32", [104, 10**8, 105])

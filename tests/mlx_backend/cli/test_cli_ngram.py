@@ -238,11 +238,13 @@ def test_closed_pipe_is_not_an_error():
 
 
 def test_os_errors_name_the_file(tmp_path, capsys):
-    """An output path in a missing folder: one line that starts with the path, no Python error syntax."""
+    """An output path in a missing folder: one line naming the option, the path and the fix, no Python
+    error syntax (checked before the work since 2026-12-06; an OSError from the write named the path too)."""
     out = tmp_path / "missing-dir" / "static.bin"
     assert main(["create", str(V("edge-rep5.i32")), "-o", str(out)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == f"ngram-spec create: error: {out}: No such file or directory"
+    assert err == (f"ngram-spec create: error: -o {out}: the folder {out.parent} does not exist; "
+                   "create it first (mkdir -p)")
 
 
 @pytest.mark.parametrize("backend", ["reference", "mlx"])
@@ -304,3 +306,56 @@ def test_generate_refuses_the_static_cache_as_dynamic(capsys, tmp_path):
                      "--static", static, "--dynamic", static)
     assert rc == 2 and "--dynamic" in err and "is the same file as the input" in err, err
     assert static.read_bytes() == V("syn-static.bin").read_bytes()
+
+
+@pytest.mark.parametrize("backend", ["reference", "mlx"])
+def test_a_damaged_xz_file_is_one_line_naming_it(capsys, tmp_path, backend):
+    """A token file or a cache file whose .xz stream is damaged is an error naming the file (before:
+    lzma's ``LZMAError`` / ``EOFError`` traceback)."""
+    truncated = tmp_path / "cut.bin.xz"
+    import lzma
+
+    truncated.write_bytes(lzma.compress(vectors.local_path("syn-static.bin").read_bytes())[:-20])
+    garbage = tmp_path / "t.i32.xz"
+    garbage.write_bytes(b"not xz at all!!!")
+    for argv, name in ((["create", garbage, "-o", tmp_path / "s.bin"], garbage),
+                       (["inspect", truncated], truncated),
+                       (["merge", truncated, "-o", tmp_path / "m.bin"], truncated)):
+        rc, _, err = run(capsys, *argv, "--backend", backend)
+        assert rc == 2 and err.count("\n") == 1 and f"{name}: not a valid .xz file" in err, (argv, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cut.bin.xz", "t.i32.xz"]
+
+
+def damaged_ours(tmp_path: Path) -> Path:
+    """A cache file of our format whose header (and checksum) is intact but whose first follower of the
+    2-gram section is negative: damage only a check of the arrays finds."""
+    import struct
+
+    from reference.ngram.ours_file import PREFIX, SECTION
+
+    good = tmp_path / "good.ngc"
+    assert main(["convert", str(vectors.local_path("syn-static.bin")), "-o", str(good), "--to", "ours"]) == 0
+    data = bytearray(good.read_bytes())
+    tokens_off = SECTION.unpack_from(data, PREFIX.size + 1 * SECTION.size)[5]   # n = 2
+    struct.pack_into("<i", data, tokens_off, -7)
+    bad = tmp_path / "bad.ngc"
+    bad.write_bytes(bytes(data))
+    return bad
+
+
+@pytest.mark.parametrize("argv", [["merge", "{bad}", "-o", "{out}"],
+                                  ["stats", "{toks}", "--n-ctx", "8", "--dynamic", "{bad}", "--save-dynamic", "{out}"],
+                                  ["inspect", "{bad}"]])
+def test_a_damaged_cache_of_our_format_is_refused_not_copied(capsys, tmp_path, argv):
+    """The mlx backend maps our format lazily; a command that reads a cache now checks its arrays, so a
+    file damaged past the header checksum is refused (before: merge and stats --save-dynamic copied it
+    into a new file and exited 0; that file's inspect then failed)."""
+    bad = damaged_ours(tmp_path)
+    toks = tmp_path / "t.i32"
+    toks.write_bytes(vectors.local_path("edge-rep5.i32").read_bytes())
+    out = tmp_path / "out.bin"
+    argv = [a.format(bad=bad, out=out, toks=toks) for a in argv]
+    capsys.readouterr()
+    rc, _, err = run(capsys, *argv, "--backend", "mlx")
+    assert rc == 2 and "bad.ngc" in err and "negative token" in err, err
+    assert not out.exists()

@@ -124,6 +124,13 @@ def test_ids_outside_the_models_vocabulary_are_refused(capsys, tmp_path):
     ('{"prompt": [1, 2], "output": {"a": 1}}', ":2: 'output' must be text or a list of token ids"),
     ('{"prompt": [1, 2], "output": []}', ":2: 'output' is empty"),
     ('{"prompt": [-1, 2], "output": [3]}', ":2: 'prompt' holds token id -1, outside 0..2**31-1"),
+    # before, each of these three was a traceback (TypeError in the tokenizer, RecursionError, ValueError)
+    ('{"prompt": "a\\ud800b", "output": [3]}', ":2: 'prompt' is not valid UTF-8 text (lone surrogate U+D800 at "
+                                             "character 1)"),
+    ('{"prompt": ' + "[" * 100_000 + "]" * 100_000 + ', "output": [3]}', ":2: not valid JSON for a request "
+                                                                         "(RecursionError"),
+    ('{"prompt": [1, 2], "output": [' + "1" * 5000 + ']}', ":2: not valid JSON for a request (ValueError: Exceeds "
+                                                        "the limit (4300 digits)"),
 ])
 def test_bad_lines_are_named_with_their_number(capsys, tmp_path, line, message):
     f = write_requests(tmp_path / "r.jsonl", [HAND[0], line])
@@ -147,6 +154,25 @@ def test_bad_arguments(capsys, tmp_path, argv, message):
     f = write_requests(tmp_path / "r.jsonl", HAND)
     rc, out, err = run(capsys, "stats", *[a.replace("{f}", str(f)) for a in argv], "--backend", "reference")
     assert rc == 2 and message in err, err
+
+
+def test_gzip_xz_by_their_bytes_and_a_byte_order_mark_are_read(capsys, tmp_path):
+    """A .jsonl.gz, a compressed file whatever its name, and UTF-8 with a byte-order mark (before: "not
+    UTF-8 text" for the first two, "Unexpected UTF-8 BOM" for the third) give the plain file's counts."""
+    import gzip
+
+    body = "".join(json.dumps(r) + "\n" for r in HAND).encode()
+    files = {"r.jsonl.gz": gzip.compress(body), "r.gz-named-plain": gzip.compress(body),
+             "r.xz-named-plain": lzma.compress(body), "bom.jsonl": b"\xef\xbb\xbf" + body}
+    want = stats_json(capsys, "--requests", write_requests(tmp_path / "r.jsonl", HAND), "--drafter", "suffix",
+                      "--backend", "reference")
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+        got = stats_json(capsys, "--requests", tmp_path / name, "--drafter", "suffix", "--backend", "reference")
+        assert got["per_request"] == want["per_request"], name
+    (tmp_path / "cut.jsonl.gz").write_bytes(gzip.compress(body)[:-9])
+    rc, _, err = run(capsys, "stats", "--requests", tmp_path / "cut.jsonl.gz", "--backend", "reference")
+    assert rc == 2 and "cut.jsonl.gz: a damaged compressed file" in err, err
 
 
 def test_empty_and_non_text_files_are_refused(capsys, tmp_path):

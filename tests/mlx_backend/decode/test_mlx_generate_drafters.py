@@ -84,3 +84,19 @@ def test_a_drafter_object_is_used_as_given_and_an_unknown_name_is_refused(qwen):
             spec(model, drafter=bad)
     with pytest.raises(ValueError, match="choose one of lookup, suffix, auto"):
         run_drafter("x", 0)
+
+
+def test_arguments_of_the_wrong_type_are_named(qwen):
+    """Before: float prompt ids were truncated and generated from silently; draft_max 2.5 or "8" and a
+    drafter that is no Drafter failed deep inside (slice indices, comparison, ``'int' object has no
+    attribute 'reset'``)."""
+    model, _, _ = qwen
+    cases = [({"prompt": mx.array([1.7, 2.9, 3.5])}, "the prompt must be a 1-D sequence of integer token ids"),
+             ({"prompt": mx.array([PROMPT[:2], PROMPT[2:4]])}, "the prompt must be a 1-D sequence"),
+             ({"draft_max": 2.5}, "draft_max must be a whole number or None"),
+             ({"draft_max": "8"}, "draft_max must be a whole number or None"),
+             ({"drafter": 42}, "drafter must be one of lookup, suffix, auto, None .auto. or a Drafter")]
+    for kwargs, message in cases:
+        kwargs = {"prompt": mx.array(PROMPT), "draft_max": 4, **kwargs}
+        with pytest.raises(TypeError, match=message):
+            next(ngram_speculative_generate_step(kwargs.pop("prompt"), model, max_tokens=N, **kwargs))
