@@ -8,6 +8,7 @@ import sys
 
 from conformance.backend import BUILTIN, ENV, PROTOCOL, resolve
 from conformance.registry import AREAS, THOROUGH
+from reference.atomic import atomic_write, check_outputs
 
 # The checks need hypothesis (``pip install 'ngram-spec[test]'``); it is imported only when they run,
 # so that ``ngram-spec`` works without it.
@@ -64,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("no check matches --area/--check; see --list")
     if args.examples is not None and args.examples < 1:
         raise ValueError(f"--examples must be >= 1, got {args.examples}")
+    check_outputs({"--json": args.json}, inputs=[])   # before the run: not a missing folder after minutes
     backend = resolve(args.backend)
     options = Options(thorough=args.thorough, examples=args.examples, exitfirst=args.exitfirst)
     if args.seed is not None:
@@ -92,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
              + (f" --examples {args.examples}" if args.examples else ""))
     print(summary(report, rerun))
     if args.json:
-        with open(args.json, "w") as f:
+        with atomic_write(args.json, "w") as f:
             json.dump(report.as_dict(), f, indent=2)
             f.write("\n")
     return 1 if report.failed else 0

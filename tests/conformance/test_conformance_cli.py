@@ -171,3 +171,13 @@ def test_without_hypothesis_the_cli_still_loads_and_explains():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert p.returncode == 2
     assert "needs hypothesis: pip install 'ngram-spec[test]'" in p.stderr
+
+
+def test_a_json_report_that_cannot_be_written_is_refused_before_the_run(tmp_path, capsys):
+    """--json in a missing folder: one line at the start (before: the whole suite ran, then the open
+    failed with a traceback)."""
+    out = tmp_path / "nodir" / "r.json"
+    assert conformance_main(["--backend", "reference", "--json", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert "checks" not in captured.out, captured.out          # no check ran
+    assert f"--json {out}: the folder {out.parent} does not exist" in captured.err, captured.err
