@@ -83,8 +83,8 @@ def _add_prompt_and_drafting_args(p) -> None:
                         "the cost-aware choice for --backend mlx)")
     p.add_argument("--drafter", metavar="|".join(DRAFTERS), default=None,
                    help="what drafts: lookup (llama.cpp's n-gram caches), suffix (a copy of what followed the "
-                        "latest earlier occurrence of the text's end), auto (suffix where its match is long, else "
-                        f"lookup); default: {DEFAULT_DRAFTER}. --static and --dynamic are lookup's caches")
+                        "latest earlier occurrence of the text's end), auto (suffix where the text's end occurred "
+                        f"earlier, else lookup); default: {DEFAULT_DRAFTER}. --static and --dynamic are lookup's caches")
     p.add_argument("--no-spec", action="store_true", help="plain decoding, one forward pass per token (the baseline)")
     p.add_argument("--static", metavar="FILE", help="static n-gram cache file (from `ngram-spec create`), read only")
     p.add_argument("--dynamic", metavar="FILE",

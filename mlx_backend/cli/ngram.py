@@ -120,7 +120,7 @@ def register_stats(subparsers, fmt) -> None:
     p.add_argument("--drafter", choices=("lookup", "suffix", "auto"), default="lookup",
                    help="with --requests: lookup (llama.cpp's n-gram caches, default), suffix (copy what followed "
                         "the longest earlier match of the sequence's end, in the sequence or the history) or auto "
-                        "(suffix where its match is long enough, else lookup)")
+                        "(suffix where the sequence's end occurred earlier, else lookup)")
     p.add_argument("--history", choices=("none", "requests"), default="none",
                    help="with --requests: none (each request on its own, default) or requests (the suffix "
                         "drafter also matches every earlier request's prompt and output, in file order, as a "

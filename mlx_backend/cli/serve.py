@@ -47,6 +47,10 @@ def check_args(args) -> None:
     if args.decode_concurrency < 1:
         raise ValueError(f"--decode-concurrency must be at least 1 (1: one request at a time), got "
                          f"{args.decode_concurrency}")
+    if args.prefill_step_size < 1:
+        raise ValueError(f"--prefill-step-size must be at least 1, got {args.prefill_step_size}")
+    if args.ctx_size is not None and args.ctx_size < 1:
+        raise ValueError(f"--ctx-size must be at least 1 (or left out: the model's context), got {args.ctx_size}")
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
 
@@ -95,7 +99,7 @@ def register(subparsers) -> None:
                    help="the drafter of requests that name none (field \"drafter\"): lookup (llama.cpp's n-gram "
                         "caches: context, --dynamic, --static), suffix (a copy of what followed the latest earlier "
                         "occurrence of the text's end, in the request or in earlier requests' prompts and answers), "
-                        "auto (suffix where its match is long, else lookup) (default: %(default)s)")
+                        "auto (suffix where the text's end occurred earlier, else lookup) (default: %(default)s)")
     p.add_argument("--history-max-tokens", type=int, default=HISTORY_MAX_TOKENS, metavar="N",
                    help="earlier requests' prompts and answers kept for the suffix and auto drafters, in tokens, "
                         "oldest dropped first, scoped like the dynamic cache (--dynamic-scope), in memory only; "

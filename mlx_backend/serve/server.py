@@ -712,6 +712,37 @@ class SpecResponseGenerator(mlx_server.ResponseGenerator):
                 spec.done.set()
 
 
+def check_request_fields(body: dict, logit_bias: dict | None, n_vocab: int | None) -> None:
+    """The fields mlx-lm takes without checking their type or range, each a ``ValueError`` (HTTP 400) here.
+    Before, each one of these failed later: an empty prompt, or a ``stop`` that is not text, in the batched
+    generation worker, which stopped the whole server (exit 1); a ``logit_bias`` id outside the vocabulary
+    wrote past the logits (a segmentation fault on a later request); ``tools``, ``chat_template_kwargs`` or
+    a content part other than text in mlx-lm's tokenization (HTTP 404)."""
+    if body.get("prompt") == "":
+        raise ValueError("prompt is empty: give at least one character")
+    stop = body.get("stop")
+    if stop is not None and not (isinstance(stop, str) or (isinstance(stop, list)
+                                                           and all(isinstance(x, str) for x in stop))):
+        raise ValueError("stop must be a string or a list of strings")
+    for name, kind in (("tools", list), ("chat_template_kwargs", dict), ("stream_options", dict),
+                       ("role_mapping", dict)):
+        if body.get(name) is not None and not isinstance(body[name], kind):
+            raise ValueError(f"{name} must be {'a list' if kind is list else 'an object'}")
+    if isinstance(body.get("tools"), list) and not all(isinstance(t, dict) for t in body["tools"]):
+        raise ValueError("tools must be a list of objects")
+    for i, message in enumerate(body.get("messages") or []):
+        content = message.get("content")
+        if not (content is None or isinstance(content, str) or (isinstance(content, list) and all(
+                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content))):
+            raise ValueError(f"messages[{i}].content must be text, or a list of text parts "
+                             '({"type": "text", "text": "..."}): this server reads text only')
+    for token, bias in (logit_bias or {}).items():
+        if token < 0 or (n_vocab is not None and token >= n_vocab):
+            raise ValueError(f"logit_bias token id {token} is outside the vocabulary (ids 0..{(n_vocab or 2**31) - 1})")
+        if not math.isfinite(bias):
+            raise ValueError(f"logit_bias of token {token} must be a finite number")
+
+
 class SpecAPIHandler(mlx_server.APIHandler):
     """mlx-lm's ``APIHandler`` plus the speculation fields, metrics in every response, ``GET /v1/stats``
     and OpenAI-style error bodies (``{"error": {"message", "type", "param", "code"}}``)."""
@@ -796,6 +827,7 @@ class SpecAPIHandler(mlx_server.APIHandler):
             raise ValueError("messages must be a non-empty list of objects with a role")
         if "prompt" in body and not isinstance(body["prompt"], str):
             raise ValueError("prompt must be a string")
+        check_request_fields(body, self.logit_bias, vocab_size(self.response_generator.model_provider.model))
         if self.seed is not None and not 0 <= self.seed < 2 ** 64:  # mx.random.seed's range
             raise ValueError("seed must be an integer in 0..2**64-1")
         user = body.get("user")
@@ -980,28 +1012,49 @@ def run_serve(args) -> int:
              f"up to {args.decode_concurrency} requests decode together (one verify forward for all)"
              if provider.is_batchable else f"requests are served one at a time ({provider.unbatched_reason})")
 
-    def stop(signum, frame):
-        raise KeyboardInterrupt
-
     server_class = type(SpecHTTPServer.__name__, (SpecHTTPServer,), {"generator": generator})
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        mlx_server._run_http_server(args.host, args.port, generator, server_class=server_class,
-                                    handler_class=SpecAPIHandler)
-    except _WorkerStopped:
-        pass
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        generator.stop_and_join()
+    with _stopped_once_by_signals():
+        try:
+            mlx_server._run_http_server(args.host, args.port, generator, server_class=server_class,
+                                        handler_class=SpecAPIHandler)
+        except _WorkerStopped:
+            pass
+        finally:
+            generator.stop_and_join()
+            if generator.failure is None:
+                speculator.save()
         if generator.failure is None:
-            speculator.save()
-    if generator.failure is None:
+            if not generator.wait_answered(ANSWER_TIMEOUT_S):
+                log.warning("some requests were still being answered %.0f s after the server stopped",
+                            ANSWER_TIMEOUT_S)
+            return 0
         if not generator.wait_answered(ANSWER_TIMEOUT_S):
-            log.warning("some requests were still being answered %.0f s after the server stopped", ANSWER_TIMEOUT_S)
-        return 0
-    if not generator.wait_answered(ANSWER_TIMEOUT_S):
-        log.error("some requests were still being answered %.0f s after the failure", ANSWER_TIMEOUT_S)
+            log.error("some requests were still being answered %.0f s after the failure", ANSWER_TIMEOUT_S)
     if speculator.path is not None:
         log.warning("the dynamic n-gram cache is not saved after a failure: %s keeps its last save", speculator.path)
     log.critical("stopped after the generation worker failed (exit status 1)")
     return 1
+
+
+@contextlib.contextmanager
+def _stopped_once_by_signals():
+    """SIGTERM and SIGINT stop the server once: the first raises ``KeyboardInterrupt`` in the main thread
+    (mlx-lm's ``serve_forever`` shuts the server down on it); later ones, while the requests in flight are
+    answered and the dynamic cache is saved, are logged and ignored (before: a second signal broke the
+    shutdown, exit 130, 143 or 134, sometimes before the save). The previous handlers come back after."""
+    stopping = []
+
+    def stop(signum, frame):
+        if stopping:
+            log.warning("%s again: already stopping (answering the requests in flight, then saving the dynamic "
+                        "cache)", signal.Signals(signum).name)
+            return
+        stopping.append(signum)
+        raise KeyboardInterrupt
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)

@@ -483,3 +483,17 @@ def test_a_bad_prompt_cache_size_is_one_usage_error(capsys):
         assert exit_.value.code == 2
         assert f"{bad!r} is not a size" in capsys.readouterr().err
     assert build_parser().parse_args(["serve", "--prompt-cache-bytes", "512M"]).prompt_cache_bytes == 512 * 10**6
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--prefill-step-size", "0"], "--prefill-step-size must be at least 1, got 0"),
+    (["--ctx-size", "-5"], "--ctx-size must be at least 1"),
+])
+def test_serve_flags_that_would_fail_every_request_are_refused_at_start(capsys, argv, message):
+    """Before: the server started, then its first request failed the worker (exit 1) or every request was
+    refused as longer than a context of -5 tokens."""
+    from mlx_backend.cli import main
+
+    assert main(["serve", "--model", "nowhere", *argv]) == 2   # refused before the model is looked for
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err

@@ -257,3 +257,56 @@ def test_a_request_whose_sampler_refuses_its_arguments_gets_400_and_the_batch_se
     finally:
         server.stop()
     assert got[0][1] == plain_greedy(models["llama"], "chat", MESSAGES[0])
+
+
+def post(server, path, body: dict):
+    status, payload = server.post_raw(path, json.dumps(body).encode())
+    return status, payload
+
+
+HI = [{"role": "user", "content": "hi"}]
+FIELDS_MLX_LM_DOES_NOT_CHECK = [   # before: the first three stopped the batched server (exit 1), the logit_bias
+    # one crashed it on a later request (SIGSEGV), the others were HTTP 404 or taken silently
+    ("/v1/completions", {"prompt": "", "max_tokens": 4}, "prompt is empty"),
+    ("/v1/completions", {"prompt": "ab", "max_tokens": 4, "stop": 5}, "stop must be a string or a list of strings"),
+    ("/v1/completions", {"prompt": "ab", "max_tokens": 4, "stop": [1]}, "stop must be a string or a list"),
+    ("/v1/completions", {"prompt": "ab", "max_tokens": 4, "logit_bias": {"99999": 5}}, "logit_bias token id 99999"),
+    ("/v1/completions", {"prompt": "ab", "max_tokens": 4, "logit_bias": {"-3": 5}}, "logit_bias token id -3"),
+    ("/v1/chat/completions", {"messages": HI, "max_tokens": 4, "tools": 5}, "tools must be a list"),
+    ("/v1/chat/completions", {"messages": HI, "max_tokens": 4, "chat_template_kwargs": 5},
+     "chat_template_kwargs must be an object"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "foo"}]}], "max_tokens": 4},
+     "messages[0].content must be text, or a list of text parts"),
+    ("/v1/chat/completions", {"messages": HI, "max_tokens": 4, "stream_options": 5}, "stream_options must be"),
+    ("/v1/chat/completions", {"messages": HI, "max_tokens": 4, "role_mapping": 5}, "role_mapping must be"),
+]
+
+
+def test_fields_mlx_lm_takes_unchecked_get_400_and_the_batched_server_serves_on(models):
+    """Each request is answered 400 naming its field, twice (the logit_bias crash came on the second), and the
+    server then answers a good request exactly: it is still the same process, serving."""
+    server = Server("--model", str(models["llama"]), "--decode-concurrency", "8")
+    try:
+        for path, body, needle in FIELDS_MLX_LM_DOES_NOT_CHECK:
+            for _ in range(2):
+                status, payload = post(server, path, body)
+                assert status == 400 and needle in payload["error"]["message"], (body, status, payload)
+        assert server.proc.poll() is None
+        got = run(server, *REQUESTS[0])
+    finally:
+        server.stop()
+    assert got[1] == plain_greedy(models["llama"], *REQUESTS[0][:2])
+
+
+def test_a_second_sigterm_while_stopping_is_ignored(models, tmp_path):
+    """SIGTERM twice 50 ms apart: exit 0 and the dynamic cache saved (before: exit 134, 130 or 143, the
+    second signal breaking mlx-lm's shutdown, sometimes before the save)."""
+    dyn = tmp_path / "dyn.ngram"
+    server = Server("--model", str(models["llama"]), "--dynamic", str(dyn), "--save-every", "1000")
+    run(server, *REQUESTS[0])
+    server.proc.terminate()
+    time.sleep(0.05)
+    server.proc.terminate()
+    out = server.proc.communicate(timeout=600)[0].decode()
+    assert server.proc.returncode == 0, out
+    assert dyn.exists() and "already stopping" in out, out
