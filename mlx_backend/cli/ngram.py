@@ -29,6 +29,7 @@ from reference.ngram.draft import SCORES
 from reference.ngram.ours_file import tokenizer_fingerprint
 from reference.ngram.replay import check_replay_args
 from reference.ngram.tokens import read_bytes
+from reference.suffix.auto import DEFAULT_DRAFTER, DRAFTERS
 from reference.suffix.replay import replay_requests
 
 DRAFT_DUMP_HEADER = "# pos k draft_1..draft_k  (pos = index in the token file of the token draft_1 predicts)\n"
@@ -117,8 +118,9 @@ def register_stats(subparsers, fmt) -> None:
                         "reproduce `-c 1000`, pass --n-ctx 1024")
     p.add_argument("--n-draft", "--draft-max", type=int, default=16,
                    help="maximum tokens per draft (alias --draft-max, the name generate uses; default: %(default)s)")
-    p.add_argument("--drafter", choices=("lookup", "suffix", "auto"), default="lookup",
-                   help="with --requests: lookup (llama.cpp's n-gram caches, default), suffix (copy what followed "
+    p.add_argument("--drafter", choices=DRAFTERS, default=None,
+                   help=f"with --requests (default {DEFAULT_DRAFTER}, as generate and serve): lookup (llama.cpp's "
+                        "n-gram caches; the only drafter of a token file), suffix (copy what followed "
                         "the longest earlier match of the sequence's end, in the sequence or the history) or auto "
                         "(suffix where the sequence's end occurred earlier, else lookup)")
     p.add_argument("--history", choices=("none", "requests"), default="none",
@@ -301,8 +303,8 @@ def cmd_stats(args) -> int:
         return cmd_stats_requests(args)
     if args.tokens is None:
         raise UserError("stats needs a token file TOKENS, or --requests FILE")
-    for flag, value, default in (("--drafter", args.drafter, "lookup"), ("--history", args.history, "none"),
-                                 ("--model", args.model, None)):
+    for flag, value, default in (("--drafter", args.drafter or "lookup", "lookup"),
+                                 ("--history", args.history, "none"), ("--model", args.model, None)):
         if value != default:
             raise UserError(f"{flag} applies to --requests only (a token file is replayed with llama.cpp's lookup)")
     if args.n_ctx is None:
@@ -500,6 +502,7 @@ def request_drafters(backend, name: str, c_st, c_dyn, score: str):
 
 def cmd_stats_requests(args) -> int:
     check_request_args(args)
+    args.drafter = args.drafter or DEFAULT_DRAFTER   # generate's and serve's default: what they would do
     backend = get_backend(args.backend)
     rows = read_request_lines(args.requests)
     requests, vocab = tokenize_requests(args.requests, rows, args.model)

@@ -32,7 +32,7 @@ LO32 = np.int64(0xFFFFFFFF)
 # Thresholds by table (0: context/lax, 1: dynamic/strict), index n-1.
 A_N = np.array([LAX.a_n, STRICT.a_n], dtype=np.int64)
 P_N = np.array([LAX.p_n, STRICT.p_n], dtype=np.int64)
-assert (STATIC_A, STATIC_P) == (2, 50)  # the static-only rule baked into ``top`` (tables_sorted.static_top)
+assert (STATIC_A, STATIC_P) == (2, 50)  # the static-only rule baked into ``top`` (sorted_cache.static_top)
 
 
 def ngram_words(ngram) -> tuple[int, int]:

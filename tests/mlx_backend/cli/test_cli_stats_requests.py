@@ -60,8 +60,11 @@ def test_history_requests_lets_a_request_draft_from_the_earlier_ones(capsys, tmp
     assert [r["verify_steps"] for r in alone["per_request"]] == [3, 3]
     assert [r["verify_steps"] for r in shared["per_request"]] == [3, 2]
     assert [r["line"] for r in shared["per_request"]] == [1, 3]  # blank lines skipped, numbers kept
-    lookup = stats_json(capsys, "--requests", f, "--backend", "reference", "--history", "requests")
+    lookup = stats_json(capsys, "--requests", f, "--drafter", "lookup", "--backend", "reference", "--history",
+                        "requests")
     assert lookup["drafter"] == "lookup" and lookup["verify_steps"] == 6  # lookup reads no history
+    default = stats_json(capsys, "--requests", f, "--backend", "reference", "--history", "requests")
+    assert default["drafter"] == "auto" and default["per_request"] == shared["per_request"]  # generate's default
 
 
 def test_without_drafts_every_output_token_is_a_step(capsys, tmp_path):
@@ -220,7 +223,8 @@ def test_lookup_reads_a_static_cache(capsys, tmp_path, backend):
     rc, _, err = run(capsys, "create", tmp_path / "corpus.i32", "-o", tmp_path / "static.bin", "--backend", "reference")
     assert rc == 0, err
     f = write_requests(tmp_path / "r.jsonl", [{"prompt": [1, 2], "output": [3, 1, 2] * 3 + [3]}])
-    plain = stats_json(capsys, "--requests", f, "--backend", backend)
-    static = stats_json(capsys, "--requests", f, "--backend", backend, "--static", tmp_path / "static.bin")
+    plain = stats_json(capsys, "--requests", f, "--drafter", "lookup", "--backend", backend)
+    static = stats_json(capsys, "--requests", f, "--drafter", "lookup", "--backend", backend, "--static",
+                        tmp_path / "static.bin")
     # the corpus's 2-grams predict the whole cycle: the first step, then one step of k = 9 drafts
     assert static["verify_steps"] == 2 < plain["verify_steps"]
