@@ -105,7 +105,10 @@ def _add_sampling_args(p) -> None:
                    help="tokens that min-p always keeps (default: %(default)s)")
     p.add_argument("--top-k", type=int, default=0,
                    help="sampling top-k; 0 = off (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=None, help="random seed for sampling")
+    p.add_argument("--seed", type=int, default=None,
+                   help="random seed for sampling (0..2**64-1); the same seed gives the same text: with --temp > 0 "
+                        "and no --draft-max the draft length is then fixed at 8, since the cost-aware one follows "
+                        "the machine's timings and would change the random draws")
 
 
 def _add_model_and_output_args(p) -> None:
@@ -145,7 +148,8 @@ def check_generate_args(args) -> None:
     check_sampling(args.temp, args.top_p, args.min_p, args.top_k, args.min_tokens_to_keep, cli=True)
     rules = (("--max-tokens", args.max_tokens, args.max_tokens >= 1, "at least 1"),
              ("--draft-max", args.draft_max, args.draft_max is None or args.draft_max >= 0, ">= 0"),
-             ("--max-kv-size", args.max_kv_size, args.max_kv_size is None or args.max_kv_size >= 1, "at least 1"))
+             ("--max-kv-size", args.max_kv_size, args.max_kv_size is None or args.max_kv_size >= 1, "at least 1"),
+             ("--seed", args.seed, args.seed is None or 0 <= args.seed < 2**64, "in 0..2**64-1 (mx.random.seed's range)"))
     for flag, value, ok, rule in rules:
         if not ok:
             raise UserError(f"{flag} must be {rule}, got {value}")

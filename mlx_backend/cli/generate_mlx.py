@@ -47,9 +47,12 @@ def run_generate(args) -> int:
     read_stdin_prompt(args)   # after the re-run, which gets this process's stdin unread
     import math
 
-    from mlx_backend.decode.draft_policy import DEFAULT_K_MAX
+    from mlx_backend.decode.draft_policy import DEFAULT_K_MAX, SEEDED_DRAFT_MAX
     from mlx_backend.decode.generate import SpecStats
     from mlx_backend.ngram.dynamic_cache import save_dynamic
+
+    if args.seed is not None and args.temp > 0 and args.draft_max is None and not args.no_spec:
+        args.draft_max = SEEDED_DRAFT_MAX   # the seed then reproduces the text (draft_policy.SEEDED_DRAFT_MAX)
 
     model, tokenizer, desc, run = _load(args)
     prompt = _prompt(args, model, tokenizer, run)

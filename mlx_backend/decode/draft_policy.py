@@ -54,6 +54,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import json
+import logging
 import math
 import os
 import platform
@@ -72,7 +73,14 @@ from mlx_backend.machine.blas import blas_in_use
 from mlx_backend.decode.rollback import VerifyCache
 from mlx_backend.machine.user_cache import cache_dir
 
+log = logging.getLogger(__name__)
+
 DEFAULT_K_MAX = 64
+#: Draft length of a seeded sampled run without a fixed one (``generate --seed``, a request with ``seed``): the
+#: verification draws one random number a verified token, so a length that follows the learned timings (the
+#: cost-aware one) would make the draws, and so the text, differ from run to run; a fixed one lets the seed
+#: reproduce the output.
+SEEDED_DRAFT_MAX = 8
 PRIOR_SLOPE = 0.25  # c(S) / c(1) grows by this per extra token until a verify step is timed
 #: Lower ends of the match-length buckets acceptance is kept by: L = 0 (no match, or a drafter without
 #: match lengths: the lookup), 1, 2-3, 4-7, 8-15, 16-31, 32+.
@@ -428,9 +436,26 @@ def learned_costs(model: nn.Module, s_max: int = DEFAULT_K_MAX + 1, gdn_path: st
     those kept in :func:`cost_file` by earlier runs, else empty ones (learned while generating)."""
     key = model_key(model, [s_max, gdn_path])
     if key not in _COSTS:
-        stored = _read_json(cost_file()).get(key, {})
-        _COSTS[key] = StepCosts(s_max, {int(S): v for S, v in stored.items()}, key=key)
+        _COSTS[key] = StepCosts(s_max, _kept_samples(_read_json(cost_file()).get(key)), key=key)
     return _COSTS[key]
+
+
+def _kept_samples(stored) -> dict[int, list[float]]:
+    """The timings kept under one model key, ``{S: [positive finite numbers]}``; any other entry (a damaged or
+    hand-edited file that is still JSON) is dropped, as a damaged file is: a cost cache is only a cache.
+    Before, such an entry was a TypeError or a ZeroDivisionError in every run until the file was deleted.
+
+    >>> _kept_samples({"0": [0.1, 0.2], "5": [0], "x": [1], "3": "abc", "4": [1.5, None]}), _kept_samples([1, 2])
+    ({0: [0.1, 0.2]}, {})
+    """
+    if not isinstance(stored, dict):
+        return {}
+    kept = {}
+    for S, v in stored.items():
+        if (isinstance(S, str) and S.isdigit() and isinstance(v, list) and v
+                and all(isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t < math.inf for t in v)):
+            kept[int(S)] = [float(t) for t in v]
+    return kept
 
 
 def save_costs(costs: StepCosts) -> None:
@@ -438,7 +463,11 @@ def save_costs(costs: StepCosts) -> None:
     if costs.key is None or not costs.n_new:
         return
     path = cost_file()
-    _write_json(path, {**_read_json(path), costs.key: {str(S): v for S, v in costs.samples.items()}})
+    try:
+        _write_json(path, {**_read_json(path), costs.key: {str(S): v for S, v in costs.samples.items()}})
+    except OSError as exc:   # only a cache: the run's output stands; say where, and how to move it
+        log.warning("could not save the learned step costs to %s (%s); they are learned again next run. Set "
+                    "NGRAM_SPEC_CACHE_DIR to a writable folder to keep them", path, exc.strerror or exc)
     costs.n_new = 0
 
 

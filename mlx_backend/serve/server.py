@@ -60,6 +60,7 @@ from reference.drafter import Drafter
 from mlx_backend.ngram.api import HashTable, as_table, load_cache
 from mlx_backend.ngram.dynamic_cache import load_dynamic, save_dynamic
 from mlx_backend.batch.server_batch import RowPlan, RowReport, SpeculativeBatchGenerator, batch_unsupported
+from mlx_backend.decode.draft_policy import SEEDED_DRAFT_MAX
 from mlx_backend.decode.generate import SpecStats, stream_generate as spec_stream_generate, vocab_size
 from mlx_backend.ngram.default import lookup_drafter, make_drafter, suffix_api
 from reference.suffix.auto import DEFAULT_DRAFTER, DRAFTERS
@@ -112,9 +113,6 @@ class _WorkerStopped(Exception):
     """Raised out of ``serve_forever`` (:meth:`SpecHTTPServer.service_actions`) once the worker has failed."""
 
 
-#: Draft length of a seeded sampled request without ``draft_max``: fixed, so that its answer depends on the seed
-#: and its own text only (the cost-aware length depends on what the policy has learned so far).
-SEEDED_DRAFT_MAX = 8
 ANSWER_TIMEOUT_S = 10.0  # after a worker failure or a stop: how long the handlers get to send their error answers
 
 

@@ -164,6 +164,25 @@ def test_a_prompt_that_is_not_utf8_gets_one_line(models, capsys, backend):
     assert "--prompt is not valid UTF-8 text (byte 0xff at character 3)" in err, err
 
 
+def test_a_seed_reproduces_a_sampled_run_and_is_range_checked(models, capsys):
+    """With --seed, --temp > 0 and no --draft-max the draft length is fixed (SEEDED_DRAFT_MAX): the
+    cost-aware one follows the machine's timings, and with it the random draws of the verification, so
+    the same seed gave different texts from run to run (seen on SmolLM2: 3 texts in 4 runs). --seed
+    outside mx.random.seed's range was a TypeError traceback."""
+    common = ["--model", str(models["llama"]), "--prompt", "the cat sat on the mat. the cat", "--max-tokens", "24",
+              "--temp", "0.8", "--seed", "3"]
+    runs = [run_json(capsys, *common) for _ in range(2)]
+    assert runs[0]["draft_policy"] == "fixed", runs[0]
+    from mlx_backend.decode.draft_policy import SEEDED_DRAFT_MAX
+
+    assert runs[0]["draft_max"] == SEEDED_DRAFT_MAX
+    assert runs[0]["tokens"] == runs[1]["tokens"]
+    for bad in ("-1", str(2**64)):
+        assert main(["generate", "--model", str(models["llama"]), "--prompt", "x", "--seed", bad]) == 2
+        err = capsys.readouterr().err
+        assert f"--seed must be in 0..2**64-1 (mx.random.seed's range), got {bad}" in err and err.count("\n") == 1
+
+
 def test_dynamic_cache_keeps_its_format(models, tmp_path, capsys):
     """A --dynamic file of our format is written back in our format by the mlx backend (before: silently
     in llama.cpp's), and refused up front by the reference backend, which reads that format but cannot

@@ -187,6 +187,32 @@ def test_learned_costs_are_kept_for_later_runs(tmp_path, monkeypatch):
     assert again is not learned and again.samples == learned.samples and again.estimate() == learned.estimate()
 
 
+def test_damaged_entries_of_the_cost_file_are_dropped_and_a_failed_save_only_warns(tmp_path, monkeypatch, caplog):
+    """A step-costs.json that is still JSON but holds entries of the wrong shape under the model's key (before:
+    a TypeError or a ZeroDivisionError in every run until the file was deleted) keeps its good entries and
+    drops the rest; a cache folder that cannot be written (before: the run's output lost to an error after
+    generating) is a warning naming the file and NGRAM_SPEC_CACHE_DIR."""
+    model = tiny_model("llama", seed=9)
+    key = model_key(model, [draft_policy.DEFAULT_K_MAX + 1, None])
+    monkeypatch.setenv("NGRAM_SPEC_CACHE_DIR", str(tmp_path))
+    for damaged in ({"0": 5}, {"0": "abc"}, {"0": [None, "a"]}, [1, 2], {"0": [0, 0, 0], "5": [0]}, {"x": [1]},
+                    {"0": [-1, -1, -1], "5": [-3]}):
+        (tmp_path / "step-costs.json").write_text(json.dumps({key: {**damaged, "3": [1.5]}} if isinstance(damaged, dict)
+                                                             else {key: damaged}))
+        monkeypatch.setattr(draft_policy, "_COSTS", {})
+        costs = learned_costs(model)
+        assert costs.samples == ({3: [1.5]} if isinstance(damaged, dict) else {}), damaged
+        list(ngram_speculative_generate_step(mx.array([1, 2, 3, 1, 2, 3, 1, 2]), model, max_tokens=6))
+    blocked = tmp_path / "file-not-folder"
+    blocked.write_text("")
+    monkeypatch.setenv("NGRAM_SPEC_CACHE_DIR", str(blocked))
+    monkeypatch.setattr(draft_policy, "_COSTS", {})
+    with caplog.at_level("WARNING", logger="mlx_backend.decode.draft_policy"):
+        tokens = list(ngram_speculative_generate_step(mx.array([1, 2, 3, 1, 2, 3, 1, 2]), model, max_tokens=6))
+    assert len(tokens) == 6
+    assert "could not save the learned step costs" in caplog.text and "NGRAM_SPEC_CACHE_DIR" in caplog.text
+
+
 def test_measurement_fits_the_attention_window(monkeypatch):
     """A model whose caches rotate after 20 tokens: 32 context tokens plus a verify of 9 would not fit."""
     from mlx_lm.models.cache import RotatingKVCache
