@@ -165,6 +165,9 @@ def check_generate_args(args) -> None:
         if drafting:
             raise UserError(f"--no-spec decodes without drafts, so {' and '.join(drafting)} would be ignored: "
                             f"drop {'it' if len(drafting) == 1 else 'them'}, or drop --no-spec")
+    if args.system_prompt is not None and args.ignore_chat_template:
+        raise UserError("--system-prompt is a message of the chat template, which --ignore-chat-template turns off: "
+                        "drop one of them")
     if args.shard is not None and args.backend != "mlx":
         raise UserError("--shard runs the model sharded with mlx; drop --backend reference")
     check_outputs({"--dynamic": args.dynamic}, inputs=[args.static, args.prompt_tokens])

@@ -132,7 +132,13 @@ def _load(args):
     if args.max_kv_size is not None and hasattr(model, "make_cache"):
         raise ValueError(f"--max-kv-size: {desc} makes its own caches (model.make_cache), so mlx-lm's "
                          "make_prompt_cache ignores max_kv_size for it; drop --max-kv-size")
+    from mlx_backend.decode.generate import vocab_size
+
+    n_vocab = vocab_size(model) or 2**31
     for token in args.extra_eos_token:
+        if token.lstrip("-").isdigit() and not 0 <= int(token) < n_vocab:   # mlx-lm takes any id
+            raise ValueError(f"--extra-eos-token {token}: outside the model's vocabulary (ids 0..{n_vocab - 1}), "
+                             "so it could never stop generation")
         tokenizer.add_eos_token(token)
     return model, tokenizer, desc, run
 

@@ -183,6 +183,18 @@ def test_a_seed_reproduces_a_sampled_run_and_is_range_checked(models, capsys):
         assert f"--seed must be in 0..2**64-1 (mx.random.seed's range), got {bad}" in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--extra-eos-token", "99999"], "--extra-eos-token 99999: outside the model's vocabulary (ids 0..259)"),
+    (["--extra-eos-token", "-1"], "--extra-eos-token -1: outside the model's vocabulary"),
+    (["--system-prompt", "be brief", "--ignore-chat-template"], "--system-prompt is a message of the chat template"),
+])
+def test_options_that_would_do_nothing_get_one_line(models, capsys, argv, message):
+    """Before, each was taken silently: an EOS id no token can have, a system prompt with no template."""
+    assert main(["generate", "--model", str(models["llama"]), "--prompt", "x", "--max-tokens", "2", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+
+
 def test_dynamic_cache_keeps_its_format(models, tmp_path, capsys):
     """A --dynamic file of our format is written back in our format by the mlx backend (before: silently
     in llama.cpp's), and refused up front by the reference backend, which reads that format but cannot
