@@ -9,8 +9,7 @@ from pathlib import Path
 from mlx_backend.cli import UserError
 from mlx_backend.cli.generate_record import drafter_name, generation_record, lookup_part, save_dynamic
 from mlx_backend.cli.prompts import chat_messages
-from reference.ngram.file_errors import OURS_MAGIC
-from reference.ngram.ours_file import check_file_tokenizer
+from reference.ngram.ours_file import check_file_tokenizer, detect_format
 from reference.speculative import REFERENCE_DRAFT_MAX
 
 
@@ -76,12 +75,10 @@ def eos_ids(model_dir: Path, tokenizer, extra=()) -> set[int]:
 def check_dynamic_writable(args) -> None:
     """Before any work: the reference reads a --dynamic file of our format but writes llama.cpp's only, so
     saving it back would change its format unasked."""
-    if args.dynamic and not args.no_spec and Path(args.dynamic).is_file():
-        with open(args.dynamic, "rb") as f:
-            if f.read(len(OURS_MAGIC)) == OURS_MAGIC:
-                raise UserError(f"--dynamic {args.dynamic} is in ngram-spec's own format, which --backend reference "
-                                f"reads but does not write; use --backend mlx, or convert it first: ngram-spec "
-                                f"convert {args.dynamic} --to llama -o OTHER_FILE")
+    if args.dynamic and not args.no_spec and Path(args.dynamic).is_file() and detect_format(args.dynamic) == "ours":
+        raise UserError(f"--dynamic {args.dynamic} is in ngram-spec's own format, which --backend reference reads "
+                        f"but does not write; use --backend mlx, or convert it first: ngram-spec convert "
+                        f"{args.dynamic} --to llama -o OTHER_FILE")
 
 
 def run_reference(args) -> int:

@@ -39,7 +39,7 @@ from reference.ngram.file_errors import EMPTY_CACHE, EMPTY_FILE, CacheFileError
 from reference.ngram.tokens import read_bytes
 # the layout's constants (docs/cache-format.md) are shared with the reference's plain reader
 from reference.ngram.ours_file import (ALIGN, BOM, CRC_AT, HEADER_SIZE, MAGIC, PREFIX, SECTION, VERSION,  # noqa: F401
-                                 tokenizer_fingerprint, tokenizer_mismatch, vocab_fingerprint)
+                                 detect_format, tokenizer_fingerprint, tokenizer_mismatch, vocab_fingerprint)
 
 FORMATS = ("ours", "llama")
 
@@ -50,13 +50,6 @@ class CacheFormatError(CacheFileError):
     def __init__(self, path, offset: int, problem: str):
         self.path, self.offset, self.problem = str(path), offset, problem
         ValueError.__init__(self, f"cache file {path}: {problem} at byte offset {offset}")
-
-
-def detect_format(path: str | os.PathLike) -> str:
-    """``"ours"`` if the file starts with our magic, else ``"llama"`` (which has no magic)."""
-    with open(path, "rb") as f:
-        head = f.read(len(MAGIC))
-    return "ours" if head == MAGIC else "llama"
 
 
 def _align(x: int) -> int:

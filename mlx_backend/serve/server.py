@@ -418,6 +418,7 @@ class InjectedModelProvider(mlx_server.ModelProvider):
         concurrency = getattr(cli_args, "decode_concurrency", 1)
         self.unbatched_reason = (f"--decode-concurrency {concurrency}" if concurrency <= 1
                                  else batch_unsupported(model))
+        self.n_vocab = vocab_size(model)   # read by every request's checks: once, not a walk of the modules each
         self._install()
 
     def _install(self) -> None:
@@ -528,7 +529,7 @@ class SpecResponseGenerator(mlx_server.ResponseGenerator):
         """Run a batched request's logits processors and sampler once on a dummy row. In a batch they run
         inside the shared step, where a ``ValueError`` (an argument mlx refuses only there) would be the
         worker's failure; here it stays the request's own error (HTTP 400), as in ``_serve_single``."""
-        n_vocab = vocab_size(self.model_provider.model)
+        n_vocab = self.model_provider.n_vocab
         if n_vocab is None:
             return
         logits = mx.zeros((1, n_vocab))
@@ -716,6 +717,8 @@ def check_request_fields(body: dict, logit_bias: dict | None, n_vocab: int | Non
     generation worker, which stopped the whole server (exit 1); a ``logit_bias`` id outside the vocabulary
     wrote past the logits (a segmentation fault on a later request); ``tools``, ``chat_template_kwargs`` or
     a content part other than text in mlx-lm's tokenization (HTTP 404)."""
+    if "prompt" in body and not isinstance(body["prompt"], str):
+        raise ValueError("prompt must be a string")
     if body.get("prompt") == "":
         raise ValueError("prompt is empty: give at least one character")
     stop = body.get("stop")
@@ -823,9 +826,7 @@ class SpecAPIHandler(mlx_server.APIHandler):
         if "messages" in body and not (isinstance(body["messages"], list) and body["messages"]
                                        and all(isinstance(m, dict) and "role" in m for m in body["messages"])):
             raise ValueError("messages must be a non-empty list of objects with a role")
-        if "prompt" in body and not isinstance(body["prompt"], str):
-            raise ValueError("prompt must be a string")
-        check_request_fields(body, self.logit_bias, vocab_size(self.response_generator.model_provider.model))
+        check_request_fields(body, self.logit_bias, self.response_generator.model_provider.n_vocab)
         if self.seed is not None and not 0 <= self.seed < 2 ** 64:  # mx.random.seed's range
             raise ValueError("seed must be an integer in 0..2**64-1")
         user = body.get("user")

@@ -56,6 +56,13 @@ def tokenizer_fingerprint(tokenizer) -> tuple[int, bytes]:
     return (max(vocab.values()) + 1 if vocab else 0), vocab_fingerprint(vocab)
 
 
+def detect_format(path: str | os.PathLike) -> str:
+    """``"ours"`` if the file starts with our magic, else ``"llama"`` (which has no magic)."""
+    with open(path, "rb") as f:
+        head = f.read(len(MAGIC))
+    return "ours" if head == MAGIC else "llama"
+
+
 def check_file_tokenizer(tokenizer, *paths: str | os.PathLike | None) -> None:
     """Refuse a cache file of our format that records another tokenizer than ``tokenizer`` (anything
     :func:`tokenizer_fingerprint` takes; None: unknown, nothing checked). Only headers are read; paths

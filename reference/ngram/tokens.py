@@ -50,7 +50,7 @@ def read_tokens(path: str | os.PathLike) -> np.ndarray:
     path = Path(path)
     name = path.name[:-3] if path.suffix == ".xz" else path.name
     if name.endswith(".npy"):
-        with io.BytesIO(read_bytes(path)) as f:
+        with (io.BytesIO(read_bytes(path)) if path.suffix == ".xz" else open(path, "rb")) as f:
             if f.read(len(NPY_MAGIC)) != NPY_MAGIC:
                 raise ValueError(f"token file {path}: not a .npy file (it does not start with NumPy's magic); "
                                  "name raw little-endian int32 token files .i32")
