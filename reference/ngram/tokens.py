@@ -40,8 +40,8 @@ def read_bytes(path: str | os.PathLike) -> bytes:
             with lzma.open(path) as f:
                 return f.read()
         except (lzma.LZMAError, EOFError) as exc:
-            raise ValueError(f"{path}: not a valid .xz file ({exc}); decompress it with `xz -t` to check, "
-                             "or give the uncompressed file") from None
+            raise ValueError(f"{path}: not a valid .xz file ({exc}); `xz -t {path}` tests it: give the file "
+                             "uncompressed, or compressed again") from None
     return path.read_bytes()
 
 
