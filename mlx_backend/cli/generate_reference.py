@@ -49,10 +49,11 @@ def prompt_ids(args, tokenizer) -> list[int]:
     return tokenizer.encode(args.prompt)
 
 
-def eos_ids(model_dir: Path, tokenizer, extra=()) -> set[int]:
+def eos_ids(model_dir: Path, tokenizer, extra=(), n_vocab: int = 2**31) -> set[int]:
     """EOS ids as mlx-lm finds them: generation_config.json's ``eos_token_id``, else config.json's (an id
     or a list), else the tokenizer's; plus the ``extra`` tokens (ids, or token strings of the tokenizer),
-    as mlx-lm's ``TokenizerWrapper.add_eos_token``."""
+    as mlx-lm's ``TokenizerWrapper.add_eos_token``; an extra id outside ``0..n_vocab-1`` is refused, as
+    the mlx backend refuses it (it could never stop generation)."""
     eos = None
     for name in ("generation_config.json", "config.json"):
         path = model_dir / name
@@ -63,12 +64,15 @@ def eos_ids(model_dir: Path, tokenizer, extra=()) -> set[int]:
     ids = set() if eos is None else set(eos) if isinstance(eos, list) else {eos}
     for token in extra:
         try:
-            ids.add(int(token))
+            token_id = int(token)
         except ValueError:
             token_id = tokenizer.convert_tokens_to_ids(token) if tokenizer is not None else None
             if token_id is None or token_id == getattr(tokenizer, "unk_token_id", None):
                 raise UserError(f"--extra-eos-token {token!r} is not a token of this tokenizer") from None
-            ids.add(token_id)
+        if not 0 <= token_id < n_vocab:
+            raise UserError(f"--extra-eos-token {token}: outside the model's vocabulary (ids 0..{n_vocab - 1}), "
+                            "so it could never stop generation")
+        ids.add(token_id)
     return ids
 
 
@@ -106,7 +110,7 @@ def run_reference(args) -> int:
     model = load_model(model_dir, np.float64 if args.dtype == "float64" else np.float32)
     tokenizer = load_tokenizer(model_dir, required=args.prompt is not None)
     prompt = prompt_ids(args, tokenizer)
-    eos = eos_ids(model_dir, tokenizer, args.extra_eos_token)
+    eos = eos_ids(model_dir, tokenizer, args.extra_eos_token, model.vocab_size)
     check_file_tokenizer(tokenizer, args.static, args.dynamic)
 
     t_first = []

@@ -188,9 +188,11 @@ def test_a_seed_reproduces_a_sampled_run_and_is_range_checked(models, capsys):
     (["--extra-eos-token", "-1"], "--extra-eos-token -1: outside the model's vocabulary"),
     (["--system-prompt", "be brief", "--ignore-chat-template"], "--system-prompt is a message of the chat template"),
 ])
-def test_options_that_would_do_nothing_get_one_line(models, capsys, argv, message):
+@pytest.mark.parametrize("backend", ["mlx", "reference"])
+def test_options_that_would_do_nothing_get_one_line(models, capsys, argv, message, backend):
     """Before, each was taken silently: an EOS id no token can have, a system prompt with no template."""
-    assert main(["generate", "--model", str(models["llama"]), "--prompt", "x", "--max-tokens", "2", *argv]) == 2
+    assert main(["generate", "--model", str(models["llama"]), "--prompt", "x", "--max-tokens", "2",
+                 "--backend", backend, *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
 
