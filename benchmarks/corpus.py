@@ -37,6 +37,12 @@ from pathlib import Path
 
 import numpy as np
 
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a script from anywhere
+    sys.path.insert(0, str(ROOT))
+
+from reference.atomic import atomic_write  # noqa: E402
+
 DATA_DIR = Path(__file__).resolve().parent / "data"
 PACKAGES = (
     "linux-source-6.1",
@@ -248,10 +254,12 @@ def main(argv: list[str] | None = None) -> int:
     name, encode_batch = make_encoder(args.tokenizer)
     for split_name, part in (("test", test), ("train", train)):
         ids = tokenize(part, encode_batch, f"tokenize {split_name}")
-        ids.astype("<i4").tofile(args.out / f"{split_name}.i32")
+        with atomic_write(args.out / f"{split_name}.i32") as f:
+            f.write(ids.astype("<i4").tobytes())
         meta[split_name] = {"documents": len(part), "bytes": sum(len(d.encode("utf-8")) for d in part), "tokens": int(ids.size)}
     meta.update(tokenizer=name, seed=SEED)
-    (args.out / "corpus.json").write_text(json.dumps(meta, indent=2) + "\n")
+    with atomic_write(args.out / "corpus.json", "w") as f:
+        f.write(json.dumps(meta, indent=2) + "\n")
     print(json.dumps(meta, indent=2))
     return 0
 

@@ -31,6 +31,7 @@ from mlx_backend.cli.prompts import prompt_tokens  # noqa: E402
 from mlx_backend.decode import draft_policy  # noqa: E402
 from mlx_backend.decode.generate import SpecStats, ngram_speculative_generate_step  # noqa: E402
 from mlx_backend.models.loading import load_model  # noqa: E402
+from reference.atomic import atomic_write  # noqa: E402
 
 
 def suffix_drafter():
@@ -116,7 +117,7 @@ def main() -> None:
         print(json.dumps({name: results[name]}, indent=1), flush=True)
     results["model"] = desc
     if args.json:
-        with open(args.json, "w") as f:
+        with atomic_write(args.json, "w") as f:
             json.dump(results, f, indent=1)
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from mlx_backend.decode.draft_policy import DEFAULT_K_MAX, DraftPolicy, FixedDraftLength
 from mlx_backend.ngram.default import make_drafter
+from reference.atomic import atomic_write
 
 TRACES = Path(__file__).with_name("data") / "edit-traces.jsonl.xz"
 
@@ -101,7 +102,8 @@ def outputs(path: str | None, n_traces: int) -> list[tuple[str, list[int], list[
     kept = [k for k in kept if 150 <= len(k[2]) <= 900]
     res += kept[::max(1, len(kept) // n_traces)][:n_traces]
     if path:
-        Path(path).write_text(json.dumps(res))
+        with atomic_write(path, "w") as f:
+            f.write(json.dumps(res))
     return res
 
 
