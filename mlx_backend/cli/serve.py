@@ -53,6 +53,27 @@ def check_args(args) -> None:
         raise ValueError(f"--ctx-size must be at least 1 (or left out: the model's context), got {args.ctx_size}")
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
+    check_listen(args.host, args.port)
+
+
+def check_listen(host: str, port: int) -> None:
+    """Bind ``host:port`` as mlx-lm's server will (the first address ``getaddrinfo`` gives, SO_REUSEADDR as
+    ``http.server.HTTPServer`` sets it) and let go at once, so a port in use or an unknown host is one line
+    before the model loads, not an OSError traceback after it."""
+    import socket
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as e:
+        raise ValueError(f"--host {host}: not an address this machine can listen on ({e.strerror})") from None
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as e:
+            raise ValueError(f"--host {host} --port {port}: cannot listen there ({e.strerror}); another server "
+                             "may hold the port: stop it or choose another --port") from None
 
 
 def run_serve(args) -> int:

@@ -497,3 +497,22 @@ def test_serve_flags_that_would_fail_every_request_are_refused_at_start(capsys, 
     assert main(["serve", "--model", "nowhere", *argv]) == 2   # refused before the model is looked for
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
+
+
+def test_a_port_in_use_or_an_unknown_host_is_one_line_before_the_model_loads(capsys):
+    """Before: the model was loaded and the worker started, then mlx-lm's server died on bind with an
+    OSError traceback."""
+    import socket
+
+    from mlx_backend.cli import main
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        assert main(["serve", "--model", "nowhere", "--port", str(port)]) == 2
+        err = capsys.readouterr().err
+        assert f"--host 127.0.0.1 --port {port}: cannot listen there" in err and err.count("\n") == 1, err
+    assert main(["serve", "--model", "nowhere", "--host", "no-such-host.invalid"]) == 2
+    err = capsys.readouterr().err
+    assert "--host no-such-host.invalid: not an address this machine can listen on" in err, err
