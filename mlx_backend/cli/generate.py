@@ -21,6 +21,8 @@ examples:
   ngram-spec tiny-model --arch qwen3_5 --out tiny-qwen
   ngram-spec generate --backend reference --model tiny-qwen --prompt "the cat sat on the mat. the cat"
   ngram-spec generate --backend reference --model tiny-qwen --prompt-tokens prompt.i32 --json
+      (prompt.i32: token ids as raw little-endian int32, e.g. numpy's
+       np.tile(np.arange(5, 25), 6).astype('<i4').tofile('prompt.i32'))
   ngram-spec generate --prompt "Repeat this list: apples, pears, plums"      (mlx, default model)
 """
 
