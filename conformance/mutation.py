@@ -4,7 +4,7 @@
     python -m conformance.mutation --module reference/ngram/draft.py    # one module
     python -m conformance.mutation --sample 40 --jobs 2           # 40 mutants a module, two at a time
     python -m conformance.mutation --session DIR --rerun-survivors  # after strengthening the suite
-    python -m conformance.mutation --report SESSION_DIR           # the table of a (partial) session
+    python -m conformance.mutation --session DIR --report         # the table of a (partial) session
 
 Each rule module is mutated by cosmic-ray (https://cosmic-ray.readthedocs.io; ``pip install
 'ngram-spec[test]'``) in a copy of the packages under the session directory, so no file of the
@@ -367,7 +367,7 @@ def report(session: Path, modules) -> str:
                      + ["", "equivalent:"] + [f"  {s}" for s in equivalents or ["none"]])
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m conformance.mutation", description=__doc__.split("\n\n")[0])
     parser.add_argument("--module", action="append", choices=list(MODULES),
                         help="a rule module to mutate (repeatable; default: all of them)")
@@ -381,16 +381,27 @@ def main(argv=None) -> int:
                         help="test the survivors of --session that no reason explains again, against the "
                              "checkout's current suite")
     parser.add_argument("--report", action="store_true", help="only print the table of --session")
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     modules = args.module or list(MODULES)
-    if args.report and args.session is None:
-        parser.error("--report needs --session DIR")
+    reading = "--report" if args.report else "--rerun-survivors" if args.rerun_survivors else None
+    if args.session is not None and args.session.exists() and not args.session.is_dir():
+        parser.error(f"--session {args.session} is a file; give a directory (made if missing)")
+    if reading and args.session is None:
+        parser.error(f"{reading} needs --session DIR")
+    if reading and not args.session.exists():   # a typo would start a new, empty session
+        parser.error(f"--session {args.session}: no such session directory; give the folder of an earlier run "
+                     f"to {reading}")
     if args.sample is not None and args.sample < 1 or args.jobs < 1:
         parser.error("--sample and --jobs must be >= 1")
-    session = args.session or Path(tempfile.mkdtemp(prefix="ngram-spec-mutation-"))
-    session.mkdir(parents=True, exist_ok=True)
     if shutil.which("cosmic-ray") is None:
         parser.error("cosmic-ray is not installed: pip install 'ngram-spec[test]'")
+    session = args.session or Path(tempfile.mkdtemp(prefix="ngram-spec-mutation-"))
+    session.mkdir(parents=True, exist_ok=True)
     if not args.report:
         print(f"session: {session}", flush=True)
         with ThreadPoolExecutor(args.jobs) as pool:

@@ -10,11 +10,14 @@ import argparse
 import faulthandler
 import importlib.util
 import json
+import os
 import sys
 
 import mlx.core  # noqa: F401  (without mlx or mlx-lm, mlx_backend.cli lists `serve` with the install hint)
 
 from mlx_backend.machine.blas import add_option as add_blas_option
+from reference.atomic import check_outputs
+from reference.sampling import check_sampling
 from reference.suffix.auto import DEFAULT_DRAFTER, DRAFTERS
 from reference.suffix.drafter import HISTORY_MAX_TOKENS
 
@@ -51,9 +54,29 @@ def check_args(args) -> None:
         raise ValueError(f"--prefill-step-size must be at least 1, got {args.prefill_step_size}")
     if args.ctx_size is not None and args.ctx_size < 1:
         raise ValueError(f"--ctx-size must be at least 1 (or left out: the model's context), got {args.ctx_size}")
+    check_sampling(args.temp, args.top_p, args.min_p, args.top_k, cli=True)   # generate's checks and words
+    if args.prompt_cache_size < 0:
+        raise ValueError(f"--prompt-cache-size must be >= 0 (0: keep no prompt cache), got {args.prompt_cache_size}")
+    check_dynamic(args.dynamic, args.dynamic_scope, args.static)
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
     check_listen(args.host, args.port)
+
+
+def check_dynamic(path, scope: str, static) -> None:
+    """``--dynamic`` is one cache file with ``--dynamic-scope server`` (written as ``generate --dynamic`` is:
+    not a directory, in a folder that exists, not the ``--static`` file) and a directory (made if missing)
+    of one file per user with ``--dynamic-scope user``."""
+    if path is None:
+        return
+    if scope == "user" and os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"--dynamic {path} is a file, but --dynamic-scope user keeps one cache per user in a "
+                         "directory: name a directory (made if missing), or use --dynamic-scope server")
+    if scope == "server" and os.path.isdir(path):
+        raise ValueError(f"--dynamic {path} is a directory, but --dynamic-scope server keeps one cache file: "
+                         "name a file, or use --dynamic-scope user")
+    if scope == "server":
+        check_outputs({"--dynamic": path}, inputs=[static])
 
 
 def check_listen(host: str, port: int) -> None:

@@ -89,3 +89,32 @@ def test_every_line_out_of_reach_is_a_line_of_its_module():
     stale = [(module, line) for module, line in mutation.OUT_OF_REACH
              if line not in {x.strip() for x in (mutation.ROOT / module).read_text().splitlines()}]
     assert stale == []
+
+
+def test_report_or_rerun_of_a_session_that_does_not_exist_is_one_usage_error(tmp_path, capsys):
+    """Before: ``--session /tmp/typo --report`` made the folder and printed an all-zero table (exit 0), and
+    ``--rerun-survivors`` started a whole new campaign there."""
+    import pytest
+
+    typo = tmp_path / "typo"
+    for flag in ("--report", "--rerun-survivors"):
+        with pytest.raises(SystemExit) as exit_:
+            mutation.main(["--session", str(typo), flag])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert f"--session {typo}: no such session directory" in err and flag in err, err
+        assert not typo.exists()
+    file = tmp_path / "session.txt"
+    file.write_text("")
+    with pytest.raises(SystemExit) as exit_:
+        mutation.main(["--session", str(file), "--report"])
+    assert exit_.value.code == 2 and f"--session {file} is a file" in capsys.readouterr().err
+
+
+def test_the_usage_lines_of_the_docstring_are_the_parser_s():
+    """Before: the docstring showed ``--report SESSION_DIR``; --report takes no value (the session is --session)."""
+    usage = [line.split("#")[0].split()[3:] for line in mutation.__doc__.splitlines()
+             if line.strip().startswith("python -m conformance.mutation")]
+    assert len(usage) == 5 and ["--session", "DIR", "--report"] in usage
+    for argv in usage:   # a usage line the parser refuses exits 2 here
+        mutation.build_parser().parse_args([a.replace("DIR", "/tmp/x") for a in argv])

@@ -516,3 +516,39 @@ def test_a_port_in_use_or_an_unknown_host_is_one_line_before_the_model_loads(cap
     assert main(["serve", "--model", "nowhere", "--host", "no-such-host.invalid"]) == 2
     err = capsys.readouterr().err
     assert "--host no-such-host.invalid: not an address this machine can listen on" in err, err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--temp", "-1"], "--temp must be a number >= 0 (0 = greedy), got -1.0"),
+    (["--top-p", "0"], "--top-p must be in (0, 1] (1 = off), got 0.0"),
+    (["--top-k", "-3"], "--top-k must be >= 0 (0 = off), got -3"),
+    (["--min-p", "5"], "--min-p must be in [0, 1] (0 = off), got 5.0"),
+    (["--prompt-cache-size", "-1"], "--prompt-cache-size must be >= 0"),
+])
+def test_serve_refuses_the_default_sampling_flags_generate_refuses_before_the_model_loads(capsys, argv, message):
+    """Before: accepted; --temp -1 then failed every request that names no temperature (HTTP 400), --top-p 0
+    silently turned top-p off (mlx-lm's make_sampler reads 0 as off). Same words as ``generate``."""
+    assert main(["serve", "--model", "nowhere", *argv]) == 2   # refused before the model is looked for
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+    if argv[0] != "--prompt-cache-size":
+        assert main(["generate", "--backend", "reference", "--model", "nowhere", "--prompt", "x", *argv]) == 2
+        assert message in capsys.readouterr().err
+
+
+def test_dynamic_names_a_directory_with_scope_user_and_a_file_with_scope_server(capsys, tmp_path):
+    """Before: ``--dynamic-scope user --dynamic FILE`` said only "File exists", ``--dynamic DIR`` "Is a
+    directory", after the BLAS re-run."""
+    file, folder = tmp_path / "st.bin", tmp_path / "per-user"
+    file.write_bytes(b"")
+    folder.mkdir()
+    assert main(["serve", "--model", "nowhere", "--dynamic-scope", "user", "--dynamic", str(file)]) == 2
+    err = capsys.readouterr().err
+    assert f"--dynamic {file} is a file, but --dynamic-scope user" in err and "name a directory" in err, err
+    assert err.count("\n") == 1, err
+    assert main(["serve", "--model", "nowhere", "--dynamic", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert f"--dynamic {folder} is a directory, but --dynamic-scope server" in err and err.count("\n") == 1, err
+    assert main(["serve", "--model", "nowhere", "--dynamic", str(tmp_path / "no" / "dyn.bin")]) == 2
+    assert "does not exist; create it first" in capsys.readouterr().err
+    assert file.is_file() and sorted(p.name for p in tmp_path.iterdir()) == ["per-user", "st.bin"]
