@@ -206,7 +206,8 @@ def split(docs: list[str], test_bytes: int = TEST_BYTES, seed: int = SEED) -> tu
 
 
 def make_encoder(tokenizer: str | None):
-    """``(name, encode_batch)``: cl100k_base offline (default) or a Hugging Face tokenizer.json."""
+    """``(name, encode_batch)``: cl100k_base offline (default) or a Hugging Face tokenizer.json. A tokenizer
+    that cannot be loaded is a ValueError whose one-line message names the problem and the fix."""
     if tokenizer is None:
         import tiktoken
 
@@ -215,7 +216,16 @@ def make_encoder(tokenizer: str | None):
     from tokenizers import Tokenizer
 
     path = Path(tokenizer)
-    tok = Tokenizer.from_file(str(path / "tokenizer.json" if path.is_dir() else path))
+    file = path / "tokenizer.json" if path.is_dir() else path
+    if not file.is_file():
+        problem = "a directory without a tokenizer.json" if path.is_dir() else "no such file"
+        raise ValueError(f"--tokenizer {tokenizer}: {problem}; name a tokenizer.json or a directory holding one")
+    try:
+        tok = Tokenizer.from_file(str(file))
+    except Exception as exc:   # tokenizers raises a bare Exception for a file it cannot parse
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ValueError(f"--tokenizer {tokenizer}: {file} is not a Hugging Face tokenizer.json ({reason}); "
+                         "name the tokenizer.json of a model") from exc
     return f"{path} (tokenizers, no special tokens)", lambda texts: [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
 
 
@@ -228,6 +238,16 @@ def tokenize(docs: list[str], encode_batch, desc: str) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0, np.int32)
 
 
+def read_text(ap: argparse.ArgumentParser, path: Path) -> str:
+    """The text of ``--text``; a missing or unreadable file is a one-line ``ap.error`` (exit 2)."""
+    if not path.is_file():
+        ap.error(f"--text {path}: no such file; name an existing text file (or leave --text out for the Debian corpus)")
+    try:
+        return path.read_text("utf-8", "replace")
+    except OSError as exc:
+        ap.error(f"--text {path}: cannot read it ({exc.strerror or exc}); name a readable text file")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--text", type=Path, help="use this text file instead of the Debian packages")
@@ -235,10 +255,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=DATA_DIR, help="output directory (default benchmarks/data)")
     ap.add_argument("--test-bytes", type=int, default=TEST_BYTES, help="held-out text size (default 1.3 MB)")
     args = ap.parse_args(argv)
+    if args.test_bytes < 1:   # checked, like the tokenizer and --text, before any download
+        ap.error(f"--test-bytes {args.test_bytes}: must be >= 1 (the held-out text size in bytes; default {TEST_BYTES})")
+    try:
+        name, encode_batch = make_encoder(args.tokenizer)
+    except ValueError as exc:
+        ap.error(str(exc))
+    text = read_text(ap, args.text) if args.text else None
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.text:
+    if text is not None:
         # documents small enough that about 20 of them make the held-out set
-        docs = blocks(args.text.read_text("utf-8", "replace"), size=min(BLOCK_BYTES, max(1000, args.test_bytes // 20)))
+        docs = blocks(text, size=min(BLOCK_BYTES, max(1000, args.test_bytes // 20)))
         meta = {"source": str(args.text)}
     else:
         with tempfile.TemporaryDirectory(dir=args.out) as work:
@@ -247,11 +274,15 @@ def main(argv: list[str] | None = None) -> int:
         print("corpus: error: no documents found", file=sys.stderr)
         return 1
     train, test = split(docs, args.test_bytes)
-    if not test or not train:
-        print(f"corpus: error: {len(docs)} documents cannot make both a held-out set of ~{args.test_bytes} bytes "
-              "and a training set; use a larger text or a smaller --test-bytes", file=sys.stderr)
+    if not test:
+        smallest = min(len(d.encode("utf-8")) for d in docs)
+        print(f"corpus: error: no document fits a held-out set of ~{args.test_bytes} bytes (the smallest has {smallest}); "
+              f"use a --test-bytes of at least {smallest}", file=sys.stderr)
         return 1
-    name, encode_batch = make_encoder(args.tokenizer)
+    if not train:
+        print(f"corpus: error: all {len(docs)} documents fit the held-out set of ~{args.test_bytes} bytes, none is left "
+              "to train on; use a larger text or a smaller --test-bytes", file=sys.stderr)
+        return 1
     for split_name, part in (("test", test), ("train", train)):
         ids = tokenize(part, encode_batch, f"tokenize {split_name}")
         with atomic_write(args.out / f"{split_name}.i32") as f:

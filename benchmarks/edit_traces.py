@@ -24,6 +24,10 @@ with the default ``--limit-per-package 10`` is what ``benchmarks/data/edit-trace
 are deliberately left out (kept for a check on data no default was tuned on). ``--package pypi:NAME``
 / ``npm:NAME`` with ``--latest N`` builds from a package's newest N releases instead.
 
+Without ``-o`` the output is that committed sample, so ``-o`` is required with ``--package`` or a
+non-default ``--max-lines``, ``--max-chars`` or ``--limit-per-package`` (traces that are not the sample
+never overwrite it). The arguments, the output's folder included, are checked before any download.
+
 Examples::
 
     python benchmarks/edit_traces.py -o traces.jsonl.xz                 # the default set (downloads ~15 MB)
@@ -52,6 +56,7 @@ from reference.atomic import atomic_write  # noqa: E402
 
 DEFAULT_CACHE = Path.home() / ".cache" / "ngram-spec" / "edit-traces"
 DEFAULT_OUTPUT = ROOT / "benchmarks" / "data" / "edit-traces.jsonl.xz"
+SAMPLE_OPTIONS = {"max_lines": 20, "max_chars": 12000, "limit_per_package": 10}  # what DEFAULT_OUTPUT is built with
 HELD_OUT = ("pypi:requests", "pypi:click", "npm:express")  # never in a tuning set
 
 # package -> consecutive releases, oldest first (each adjacent pair is one release step)
@@ -264,6 +269,28 @@ def read_jsonl(path: str | Path) -> list[dict]:
     return [json.loads(line) for line in io.StringIO(data.decode("utf-8")) if line.strip()]
 
 
+def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse bad numbers, an output that would overwrite the committed sample with other traces, and an
+    output whose folder is missing: each a one-line ``p.error`` (exit 2), before anything is downloaded."""
+    if args.latest < 2 or args.max_lines < 1 or args.max_chars < 1:
+        p.error("--latest must be >= 2, --max-lines and --max-chars >= 1")
+    if args.limit_per_package < 0:
+        p.error(f"--limit-per-package {args.limit_per_package}: must be >= 0 (0 keeps every trace)")
+    if args.output is None:
+        differ = ["--package"] if args.package else []
+        differ += [f"--{k.replace('_', '-')}" for k, v in SAMPLE_OPTIONS.items() if getattr(args, k) != v]
+        if differ:
+            p.error(f"{', '.join(differ)} needs -o FILE: without -o the output is the committed sample "
+                    f"{DEFAULT_OUTPUT.relative_to(ROOT)}, built from the defaults only")
+        args.output = str(DEFAULT_OUTPUT)
+    if args.output != "-":
+        out = Path(args.output)
+        if out.is_dir():
+            p.error(f"-o {args.output}: is a folder; name a file in it, e.g. -o {out / 'traces.jsonl.xz'}")
+        if not out.parent.is_dir():
+            p.error(f"-o {args.output}: folder {out.parent} does not exist; create it or name another file")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="edit_traces.py", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -273,23 +300,23 @@ def main(argv=None) -> int:
                     "Without --package: the pinned default set (benchmarks/data/edit-traces.jsonl.xz).",
         epilog="examples:\n  python benchmarks/edit_traces.py -o traces.jsonl.xz\n"
                "  python benchmarks/edit_traces.py --package npm:uuid --latest 6 -o uuid.jsonl")
-    p.add_argument("-o", "--output", default=str(DEFAULT_OUTPUT),
-                   help="JSONL file to write ('.xz': compressed; '-': stdout; default: %(default)s)")
+    p.add_argument("-o", "--output", default=None,
+                   help="JSONL file to write ('.xz': compressed; '-': stdout; default: the committed sample "
+                        f"{DEFAULT_OUTPUT.relative_to(ROOT)}, only with the default package set and options)")
     p.add_argument("--package", action="append", metavar="REG:NAME",
                    help="pypi:NAME or npm:NAME (repeatable); with --latest N, its newest N releases")
     p.add_argument("--latest", type=int, default=5, metavar="N",
                    help="with --package: how many of the newest releases to pair (default: %(default)s)")
     p.add_argument("--cache", default=str(DEFAULT_CACHE), help="download cache directory (default: %(default)s)")
-    p.add_argument("--max-lines", type=int, default=20, help="keep files changed by at most this many lines "
-                                                              "(default: %(default)s)")
-    p.add_argument("--max-chars", type=int, default=12000,
+    p.add_argument("--max-lines", type=int, default=SAMPLE_OPTIONS["max_lines"],
+                   help="keep files changed by at most this many lines (default: %(default)s)")
+    p.add_argument("--max-chars", type=int, default=SAMPLE_OPTIONS["max_chars"],
                    help="skip files longer than this, before or after (default: %(default)s)")
-    p.add_argument("--limit-per-package", type=int, default=10, metavar="N",
+    p.add_argument("--limit-per-package", type=int, default=SAMPLE_OPTIONS["limit_per_package"], metavar="N",
                    help="keep at most N traces per package, evenly spaced in (release step, path) order; 0: all "
                         "(default: %(default)s, the committed sample)")
     args = p.parse_args(argv)
-    if args.latest < 2 or args.max_lines < 1 or args.max_chars < 1:
-        p.error("--latest must be >= 2, --max-lines and --max-chars >= 1")
+    check_args(p, args)
     try:
         releases = ({spec: latest_versions(spec, args.latest) for spec in args.package} if args.package
                     else DEFAULT_RELEASES)

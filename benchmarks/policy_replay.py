@@ -8,7 +8,8 @@ tokens from ``out`` and charges each step its modelled cost: ``c(k + 1)`` a veri
 the first step of a plain run and ``c_p`` the next ones. The outputs are SmolLM2's greedy answers to the
 demo prompts (generated here, ``--outputs`` caches them) and the edit traces of
 ``benchmarks/data/edit-traces.jsonl.xz`` (the file after the edit as the output: an agent that makes the
-edit), tokenized with SmolLM2's tokenizer::
+edit), tokenized with SmolLM2's tokenizer. Generating takes minutes: a progress bar on stderr counts its
+tokens. ``--traces`` must be >= 1::
 
     python benchmarks/policy_replay.py --slope 0.045 --outputs /tmp/outputs.json
 """
@@ -19,13 +20,17 @@ import json
 import lzma
 import os
 import statistics
+import sys
 from pathlib import Path
+
+from tqdm import tqdm
 
 from mlx_backend.decode.draft_policy import DEFAULT_K_MAX, DraftPolicy, FixedDraftLength
 from mlx_backend.ngram.default import make_drafter
 from reference.atomic import atomic_write
 
 TRACES = Path(__file__).with_name("data") / "edit-traces.jsonl.xz"
+MAX_TOKENS = 300   # of each demo prompt's greedy answer
 
 
 def replay(prompt: list[int], out: list[int], policy, costs: list[float], c_p: float | None = None,
@@ -89,13 +94,17 @@ def outputs(path: str | None, n_traces: int) -> list[tuple[str, list[int], list[
         return [tuple(x) for x in json.loads(Path(path).read_text())]
     model, tokenizer, _ = load_model(None, None)
     eos, res = set(tokenizer.eos_token_ids), []
-    for p in cli.DEMO_PROMPTS:
-        prompt, out = prompt_tokens(tokenizer, p.text), []
-        for t, _ in generate_step(mx.array(prompt), model, max_tokens=300, sampler=make_sampler(0.0)):
-            out.append(int(t))
-            if t in eos:
-                break
-        res.append((p.name, prompt, out))
+    with tqdm(total=len(cli.DEMO_PROMPTS) * MAX_TOKENS, desc="generate (demo prompts)", unit="tok",
+              file=sys.stderr) as bar:
+        for p in cli.DEMO_PROMPTS:
+            prompt, out = prompt_tokens(tokenizer, p.text), []
+            for t, _ in generate_step(mx.array(prompt), model, max_tokens=MAX_TOKENS, sampler=make_sampler(0.0)):
+                out.append(int(t))
+                bar.update()
+                if t in eos:
+                    break
+            bar.update(MAX_TOKENS - len(out))   # an answer that ended early: the rest of its budget
+            res.append((p.name, prompt, out))
     traces = [json.loads(line) for line in lzma.open(TRACES, "rt")]
     kept = [(t["package"] + ":" + t["path"], prompt_tokens(tokenizer, t["prompt"]),
              tokenizer.encode(t["output"], add_special_tokens=False)) for t in traces]
@@ -107,13 +116,17 @@ def outputs(path: str | None, n_traces: int) -> list[tuple[str, list[int], list[
     return res
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--slope", type=float, default=0.045, help="c(S) / c(1) = 1 + slope (S - 1)")
     parser.add_argument("--plain", type=float, default=1.0, help="c_p / c(1) (pipelining gain)")
-    parser.add_argument("--traces", type=int, default=16)
+    parser.add_argument("--traces", type=int, default=16, help="edit traces to replay, >= 1 (default %(default)s)")
     parser.add_argument("--outputs", default=None, help="cache of the outputs (JSON)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.traces < 1:   # before the model loads
+        parser.error(f"--traces {args.traces}: must be >= 1 (the number of edit traces to replay)")
+    if args.slope < 0 or args.plain <= 0:
+        parser.error(f"--slope must be >= 0 and --plain > 0 (relative step costs), got {args.slope} and {args.plain}")
     costs = [1 + args.slope * s for s in range(DEFAULT_K_MAX + 1)]
     ratios = []
     print("| output | tokens | k=8 | k=16 | k=32 | k=64 | auto | auto / best k |")

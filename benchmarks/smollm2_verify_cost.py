@@ -41,14 +41,19 @@ def verify_cost(model, context: int, s_max: int, repeats: int) -> dict[int, floa
     return {s: min(t[1:]) for s, t in times.items()}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtypes", nargs="+", default=["quantized", "float32", "float16"], choices=list(DTYPES))
-    parser.add_argument("--s-max", type=int, default=8)
-    parser.add_argument("--context", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--s-max", type=int, default=8, help="time S = 1..S_MAX new tokens (>= 1; default %(default)s)")
+    parser.add_argument("--context", type=int, default=128, help="cached tokens before them (>= 1; default %(default)s)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per S, after one warm-up "
+                                                               "(>= 1; default %(default)s)")
     parser.add_argument("--json", action="store_true", help="one JSON record per dtype")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    for flag, value, what in (("--s-max", args.s_max, "the largest S timed"), ("--context", args.context, "cached tokens"),
+                              ("--repeats", args.repeats, "timed runs per S")):
+        if value < 1:   # before the model loads: no S, an empty context or no timed run has no cost to print
+            parser.error(f"{flag} {value}: must be >= 1 ({what})")
     tensors, metadata = read_gguf(default_model_path())
     blas = blas_in_use()
     for dtype in args.dtypes:

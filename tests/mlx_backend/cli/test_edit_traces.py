@@ -107,3 +107,54 @@ def test_help_and_bad_package_names(capsys):
     assert info.value.code == 0 and "--latest" in capsys.readouterr().out
     assert et.main(["--package", "cargo:serde", "-o", "-"]) == 2
     assert "write pypi:NAME or npm:NAME" in capsys.readouterr().err
+
+
+@pytest.fixture
+def no_downloads(monkeypatch):
+    """Downloading fails the test: every argument check comes first."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a download started before the arguments were checked")
+    monkeypatch.setattr(et, "fetch", refuse)
+    monkeypatch.setattr(et, "latest_versions", refuse)
+
+
+def usage_error(capsys, info, *words: str) -> str:
+    assert info.value.code == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("edit_traces.py: error: ") and all(w in line for w in words), line
+    return line
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--package", "npm:uuid"], "--package"),
+    (["--package", "pypi:attrs", "--latest", "3"], "--package"),
+    (["--limit-per-package", "0"], "--limit-per-package"),
+    (["--max-lines", "5"], "--max-lines"),
+])
+def test_without_o_only_the_defaults_rebuild_the_committed_sample(no_downloads, capsys, argv, flag):
+    """Other traces never overwrite benchmarks/data/edit-traces.jsonl.xz: ``-o`` is required."""
+    sample = et.DEFAULT_OUTPUT.read_bytes()
+    with pytest.raises(SystemExit) as info:
+        et.main(argv)
+    usage_error(capsys, info, flag, "needs -o FILE", "edit-traces.jsonl.xz")
+    assert et.DEFAULT_OUTPUT.read_bytes() == sample
+
+
+def test_without_o_the_defaults_still_rebuild_the_sample(no_downloads):
+    with pytest.raises(AssertionError, match="a download started"):
+        et.main([])
+
+
+@pytest.mark.parametrize("where", ["missing/traces.jsonl", "."])
+def test_an_output_without_its_folder_is_refused_before_any_download(tmp_path, no_downloads, capsys, where):
+    with pytest.raises(SystemExit) as info:
+        et.main(["--package", "npm:uuid", "-o", str(tmp_path / where)])
+    usage_error(capsys, info, "-o ", "does not exist" if where != "." else "is a folder")
+
+
+@pytest.mark.parametrize("value", ["-1", "-10"])
+def test_a_negative_limit_per_package_is_refused(tmp_path, no_downloads, capsys, value):
+    with pytest.raises(SystemExit) as info:
+        et.main(["--limit-per-package", value, "-o", str(tmp_path / "t.jsonl")])
+    usage_error(capsys, info, f"--limit-per-package {value}", ">= 0")
+    assert not (tmp_path / "t.jsonl").exists()
