@@ -29,6 +29,7 @@ same tokens and the same counts (``tests/test_generate_parity.py``).
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
@@ -113,8 +114,9 @@ def speculative_generate(model, prompt: Sequence[int], max_tokens: int, drafter,
     ``on_tokens(new_tokens)`` (optional) is called with the tokens of each step as they are emitted.
     """
     prompt, eos = _check(prompt, max_tokens), set(eos)
-    if draft_max < 0:
-        raise ValueError(f"draft_max must be >= 0, got {draft_max}")
+    if not isinstance(draft_max, numbers.Integral) or isinstance(draft_max, bool) or draft_max < 0:
+        raise ValueError(f"draft_max must be a whole number >= 0 (the reference has no cost-aware choice), "
+                         f"got {draft_max!r}")
     stats = SpecStats()
     cache = model.make_cache()
     drafter.reset(prompt)

@@ -166,7 +166,6 @@ def _responses(args, model, tokenizer, prompt, run):
     """mlx-lm's ``GenerationResponse`` stream: plain (--no-spec, mlx-lm's own stream_generate) or with
     n-gram speculation; with the run's counters, its drafter and dynamic cache."""
     from mlx_lm.generate import stream_generate as plain_stream_generate
-    from mlx_lm.models.cache import make_prompt_cache
     from mlx_lm.sample_utils import make_sampler
 
     from mlx_backend.decode.generate import SpecStats, stream_generate
@@ -176,7 +175,7 @@ def _responses(args, model, tokenizer, prompt, run):
 
     sampler = make_sampler(args.temp, args.top_p, args.min_p, args.min_tokens_to_keep, top_k=args.top_k)
     common = dict(max_tokens=args.max_tokens, sampler=sampler, prefill_step_size=PREFILL_STEP_SIZE,
-                  prompt_cache=make_prompt_cache(model, args.max_kv_size))
+                  max_kv_size=args.max_kv_size)
     stats = SpecStats()
     if args.no_spec:
         return plain_stream_generate(model, tokenizer, mx.array(prompt), **common), stats, None, None

@@ -87,6 +87,8 @@ def is_whole(x) -> bool:
 def as_token_ids(prompt) -> list[int]:
     """The prompt (an ``mx.array`` or a sequence) as a list of ints; anything but a 1-D run of integers is a
     ``TypeError`` (before: float ids were truncated silently, a 2-D array failed inside ``int()``)."""
+    if isinstance(prompt, mx.array) and prompt.ndim != 1:
+        raise TypeError(f"the prompt must be a 1-D sequence of integer token ids, got an array of shape {prompt.shape}")
     values = prompt.tolist() if isinstance(prompt, mx.array) else list(prompt)
     bad = next((t for t in values if not is_whole(t)), None)
     if bad is not None:
@@ -110,6 +112,9 @@ def run_drafter(drafter, draft_max, *, c_st=None, c_dyn=None, history=None):
     :func:`mlx_backend.ngram.default.make_drafter` (None with ``draft_max=0``: nothing to draft). An unknown
     name is a ``ValueError`` naming the choices."""
     if drafter is not None and not isinstance(drafter, str):
+        if isinstance(drafter, type):
+            raise TypeError(f"drafter must be a drafter object, got the class {drafter.__name__}: make one, e.g. "
+                            f"{drafter.__name__}()")
         if not isinstance(drafter, Drafter):
             raise TypeError(f"drafter must be one of {', '.join(DRAFTERS)}, None (auto) or a Drafter (reset, draft, "
                             f"extend: reference/drafter.py), got {type(drafter).__name__}")
@@ -133,20 +138,31 @@ class _Run:
     match = 0   # the drafter's match length for the last proposal (propose)
 
     def __init__(self, prompt, model, *, max_tokens, sampler, logits_processors, prompt_cache, prefill_step_size,
-                 draft_max, drafter, c_st, c_dyn, stats, draft_policy, gdn_path, suffix_history=None):
+                 draft_max, drafter, c_st, c_dyn, stats, draft_policy, gdn_path, suffix_history=None,
+                 max_kv_size=None, prompt_progress_callback=None):
         self.prompt = as_token_ids(prompt)
         check_prompt(self.prompt, model)
         if draft_max is not None and not is_whole(draft_max):
             raise TypeError(f"draft_max must be a whole number or None (auto), got {draft_max!r}")
         if draft_max is not None and draft_max < 0:
             raise ValueError(f"draft_max must be >= 0 or None (auto), got {draft_max}")
+        for name, value in (("max_tokens", max_tokens), ("prefill_step_size", prefill_step_size)):
+            if not is_whole(value):
+                raise TypeError(f"{name} must be a whole number, got {value!r}")
         if prefill_step_size < 1:
             raise ValueError(f"prefill_step_size must be >= 1, got {prefill_step_size}")
+        if stats is not None and not isinstance(stats, SpecStats):
+            raise TypeError(f"stats must be a SpecStats (mlx_backend.decode.generate), got {type(stats).__name__}")
+        if draft_policy is not None and not hasattr(draft_policy, "choose"):
+            raise TypeError(f"draft_policy must be a DraftPolicy (mlx_backend.decode.draft_policy), got "
+                            f"{type(draft_policy).__name__}")
         self.model, self.max_tokens, self.prefill_step_size = model, max_tokens, prefill_step_size
         self.sampler, self.logits_processors = sampler or greedy, logits_processors
+        self.progress = prompt_progress_callback or (lambda done, total: None)
         self.n_vocab = vocab_size(model)
         self.stats = stats if stats is not None else SpecStats()
-        self.cache = prompt_cache if prompt_cache is not None else make_prompt_cache(model)
+        self.cache = prompt_cache if prompt_cache is not None else make_prompt_cache(model, max_kv_size)
+        self.callers_cache = prompt_cache is not None   # only then is the last token fed at the end (finish)
         self.verifier = VerifyCache(model, self.cache, gdn_path) if draft_max != 0 else None
         self.drafter = run_drafter(drafter, draft_max, c_st=c_st, c_dyn=c_dyn, history=suffix_history)
         self.learned = None   # the step costs this run learns from its own timed steps, kept for later runs
@@ -160,6 +176,9 @@ class _Run:
         self.stats.policy = self.policy.summary()
         self.history = list(self.prompt)
         self.n_out = 0
+        # this run's tokens in the cache, and the prompt's plus those the consumer got: the cache must hold
+        # the latter when the run ends (finish)
+        self.n_cached, self.n_seen, self.last_seen = 0, len(self.prompt), self.prompt[-1]
         self.t_start = time.perf_counter()
 
     def more(self) -> bool:
@@ -169,10 +188,14 @@ class _Run:
         """Every prompt token but the last into the cache, in chunks (mlx-lm's generate_step); the drafter
         starts on the whole prompt."""
         ids, step = self.prompt, self.prefill_step_size
+        self.progress(0, len(ids))
         for start in range(0, len(ids) - 1, step):
-            self.model(mx.array(ids[start:min(start + step, len(ids) - 1)], mx.uint32)[None], cache=self.cache)
+            end = min(start + step, len(ids) - 1)
+            self.model(mx.array(ids[start:end], mx.uint32)[None], cache=self.cache)
             mx.eval([c.state for c in self.cache])
             self.stats.n_forward += 1
+            self.progress(end, len(ids))
+        self.n_cached = len(ids) - 1
         if self.drafter is not None:
             self.drafter.reset(ids)
 
@@ -194,10 +217,22 @@ class _Run:
         self.stats.t_draft += time.perf_counter() - t0
         return proposal
 
-    def keep(self, m: int) -> None:
+    def keep(self, m: int) -> float:
+        """Keep the first ``m`` positions of the verify forward; returns the seconds it took."""
         t0 = time.perf_counter()
         self.verifier.keep(m)
-        self.stats.t_rollback += time.perf_counter() - t0
+        self.n_cached += m
+        seconds = time.perf_counter() - t0
+        self.stats.t_rollback += seconds
+        return seconds
+
+    def give(self, token: int) -> None:
+        """Count ``token`` as the consumer's, just before it is yielded (the first: the prompt is done)."""
+        if self.n_out == 0:
+            self.progress(len(self.prompt), len(self.prompt))
+        self.n_out += 1
+        self.n_seen += 1
+        self.last_seen = token
 
     def learn(self, proposal: list[int], emitted: list[int]) -> None:
         """One step done: the policy, the drafter and the history learn its tokens; the step is counted."""
@@ -224,6 +259,7 @@ class _Run:
         """Launch one plain step on ``y`` ([1], possibly not computed yet) that follows ``seen``,
         like ``mlx_lm.generate.generate_step``: the next token and its log-probabilities, lazy."""
         logits = self.model(y.reshape(1, 1), cache=self.cache)[:, -1, :]
+        self.n_cached += 1
         if self.logits_processors:
             tokens = mx.concatenate([mx.array(seen, mx.uint32), y.astype(mx.uint32)])
             for processor in self.logits_processors:
@@ -260,7 +296,7 @@ class _Run:
             stats.plain_steps += 1
             stats.draft_lengths[0] = stats.draft_lengths.get(0, 0) + 1
             self.learn(proposal, [t])
-            self.n_out += 1
+            self.give(t)
             yield t, logprobs, False
             if leave:
                 if not at_end:
@@ -268,6 +304,31 @@ class _Run:
                 return
             token, logprobs = next_token, next_logprobs
             proposal = self.propose(1 + self.room(self.n_out + 1)) if policy.k_max else []   # draft_max=0: no drafter calls
+
+    def emit(self, proposal: list[int], k: int, emitted: list[int], logprobs: list, n_accept: int, seconds: float):
+        """After a verify step of ``seconds`` over ``k`` drafts: learn its tokens, yield them (the first
+        ``n_accept`` are drafts), then keep the forward's first ``1 + n_accept`` positions, or ``1 + got`` if
+        the consumer stopped after ``got`` of the drafts; the policy learns the step's cost, the keep's too."""
+        self.learn(proposal, emitted)
+        got = 0
+        try:
+            for i, (token, lp) in enumerate(zip(emitted, logprobs)):
+                self.give(token)
+                got += 1
+                yield token, lp, i < n_accept
+        finally:
+            self.count_verify(k, n_accept, seconds + self.keep(min(1 + n_accept, 1 + got)))
+
+    def finish(self) -> None:
+        """At the run's end (exhausted, or closed by its consumer): a cache the caller gave holds the prompt and
+        every token the consumer got, as ``mlx_lm.generate.generate_step`` leaves it, so that a next turn
+        feeds only its new tokens. The last token is fed if no step had fed it (one more forward, as
+        ``generate_step`` runs one for its last token)."""
+        if self.callers_cache and self.n_cached == self.n_seen - 1:
+            with mx.stream(generation_stream):
+                self.model(mx.array([[self.last_seen]], mx.uint32), cache=self.cache)
+                mx.async_eval([c.state for c in self.cache])   # as generate_step's: waited for at the next use
+            self.n_cached += 1
 
     def close(self) -> None:
         self.stats.t_total = time.perf_counter() - self.t_start
@@ -285,8 +346,10 @@ def ngram_speculative_generate_step(
     max_tokens: int = 256,
     sampler: Optional[Callable[[mx.array], mx.array]] = None,
     logits_processors: Optional[list[Callable]] = None,
+    max_kv_size: Optional[int] = None,
     prompt_cache: Optional[list[Any]] = None,
     prefill_step_size: int = 2048,   # mlx-lm generate_step's: prompt chunks matter once a window wraps
+    prompt_progress_callback: Optional[Callable[[int, int], None]] = None,
     draft_max: Optional[int] = None,
     drafter: Union[Drafter, str, None] = None,
     c_st=None, c_dyn=None, history=None,   # the caches of a drafter given by name (run_drafter)
@@ -296,25 +359,25 @@ def ngram_speculative_generate_step(
 ) -> Generator[tuple[int, mx.array, bool], None, None]:
     """Yield ``(token, logprobs, from_draft)`` like ``mlx_lm.generate.speculative_generate_step``.
 
-    ``draft_max``: drafts per step (``0``: plain decoding, any model; ``None``: the cost-aware policy
-    of :mod:`mlx_backend.decode.draft_policy`, up to ``DEFAULT_K_MAX``). ``drafter``: a Drafter, or a name
-    (lookup, suffix, auto: :func:`run_drafter` over ``c_st`` / ``c_dyn`` / ``history``). ``prompt_cache`` is
-    updated in place; once exhausted it holds every token but the last. ``gdn_path`` forces a rollback path
-    (:mod:`mlx_backend.decode.rollback`). A prompt id outside the model's vocabulary is a ``ValueError`` at
-    the first ``next``; drafts are cut before any such id. Drafting and counting follow
-    :mod:`reference.speculative` (see :class:`_Run`), so both backends give the same tokens, ``n_drafted``
-    and ``n_accept``; plain mode: :meth:`_Run.plain_mode`.
+    ``draft_max``: drafts per step (``0``: plain decoding, any model; ``None``: the cost-aware policy of
+    :mod:`mlx_backend.decode.draft_policy`, up to ``DEFAULT_K_MAX``). ``drafter``: a Drafter, or a name (lookup,
+    suffix, auto: :func:`run_drafter` over ``c_st`` / ``c_dyn`` / ``history``). A ``prompt_cache`` given holds the
+    prompt and every token yielded when the generator ends (exhausted, or closed by its consumer), as after
+    ``mlx_lm.generate.generate_step`` (:meth:`_Run.finish`); else the run makes one (rotating with
+    ``max_kv_size``). ``prompt_progress_callback``: ``generate_step``'s. ``gdn_path`` forces a rollback path
+    (:mod:`mlx_backend.decode.rollback`). A prompt id outside the vocabulary is a ``ValueError`` at the first
+    ``next``; drafts are cut before any such id. Drafting and counting follow :mod:`reference.speculative`
+    (:class:`_Run`): both backends give the same tokens, ``n_drafted`` and ``n_accept``.
     """
     run = _Run(prompt, model, max_tokens=max_tokens, sampler=sampler, logits_processors=logits_processors,
-               prompt_cache=prompt_cache, prefill_step_size=prefill_step_size, draft_max=draft_max, drafter=drafter,
-               c_st=c_st, c_dyn=c_dyn, suffix_history=history, stats=stats, draft_policy=draft_policy,
-               gdn_path=gdn_path)
+               prompt_cache=prompt_cache, max_kv_size=max_kv_size, prefill_step_size=prefill_step_size,
+               prompt_progress_callback=prompt_progress_callback, draft_max=draft_max, drafter=drafter, c_st=c_st,
+               c_dyn=c_dyn, suffix_history=history, stats=stats, draft_policy=draft_policy, gdn_path=gdn_path)
     try:
         with mx.stream(generation_stream):
             run.prefill()
             while run.more():   # the cache holds every token before run.history[-1]
-                # draft: up to room() tokens the drafter predicts after the history
-                proposal = run.propose(run.room(run.n_out))
+                proposal = run.propose(run.room(run.n_out))   # draft: up to room() tokens after the history
                 k = run.policy.choose(len(proposal), run.match)
                 if k == 0 and run.policy.pipelined:
                     yield from run.plain_mode(proposal)
@@ -326,27 +389,43 @@ def ngram_speculative_generate_step(
                 # argmax; sampling: rejected by the speculative-sampling test), n_accept of them; then the
                 # bonus token, the model's own token after the accepted prefix: 1 + n_accept tokens a forward
                 emitted, logprobs, n_accept = verify_drafts(logits, drafts, sampler, logits_processors, run.history)
-                # keep(m): cut the cache back to [last, d1..d_n_accept], m = 1 + n_accept positions (exact:
-                # KV entries trimmed, GatedDeltaNet / conv states taken at position m, no second forward)
-                run.keep(1 + n_accept)
-                run.count_verify(k, n_accept, time.perf_counter() - t_step)
-                run.learn(proposal, emitted)
-                for i, (token, lp) in enumerate(zip(emitted, logprobs)):
-                    run.n_out += 1
-                    yield token, lp, i < n_accept
+                # keep(m): cut the cache back to [last, d1..d_n_accept], m = 1 + n_accept positions (exact: KV
+                # entries trimmed, GatedDeltaNet / conv states taken at position m, no second forward), once
+                # the consumer has the tokens: to the drafts it got if it stopped before the last (emit)
+                yield from run.emit(proposal, k, emitted, logprobs, n_accept, time.perf_counter() - t_step)
+            run.finish()
+    except GeneratorExit:   # the consumer stopped (stream_generate at an EOS, a break): the run's end too
+        run.finish()
+        raise
     finally:
         run.close()
 
 
 def stream_generate(model: nn.Module, tokenizer, prompt, max_tokens: int = 256,
-                    max_kv_size: Optional[int] = None, **kwargs) -> Generator[GenerationResponse, None, None]:
+                    max_kv_size: Optional[int] = None, draft_model: Optional[nn.Module] = None,
+                    num_draft_tokens: Optional[int] = None, **kwargs) -> Generator[GenerationResponse, None, None]:
     """``mlx_lm.stream_generate`` with n-gram speculative decoding; yields ``GenerationResponse``.
 
     ``kwargs`` go to :func:`ngram_speculative_generate_step` (``draft_max``, ``sampler``, ``stats``,
-    ...). Stops at the tokenizer's EOS tokens like mlx-lm (the EOS token is not yielded as text).
+    ``prompt_progress_callback``, ...). Stops at the tokenizer's EOS tokens like mlx-lm (the EOS token is
+    not yielded as text). mlx-lm's ``num_draft_tokens`` is taken as ``draft_max``; a ``draft_model`` and
+    ``kv_bits`` are refused with a ``ValueError``: the drafts come from the text, and the switch to a
+    quantized cache mid-generation is not mirrored (a ``QuantizedKVCache`` prompt cache is).
     """
     if max_tokens == 0:
         raise ValueError("max_tokens must be non-zero (use -1 for no limit)")
+    if draft_model is not None:
+        raise ValueError("draft_model: ngram-spec drafts from the text itself, not from a draft model; drop it "
+                         "(draft_max sets the draft length)")
+    if kwargs.pop("kv_bits", None) is not None:
+        raise ValueError("kv_bits: mlx-lm's switch to a quantized KV cache during generation is not mirrored; "
+                         "pass a prompt_cache of QuantizedKVCache layers instead (rolled back exactly), or drop it")
+    kwargs.pop("kv_group_size", None), kwargs.pop("quantized_kv_start", None)   # only read with kv_bits
+    if num_draft_tokens is not None:
+        if kwargs.get("draft_max", num_draft_tokens) != num_draft_tokens:
+            raise ValueError(f"num_draft_tokens={num_draft_tokens} and draft_max={kwargs['draft_max']} disagree: "
+                             "give one of them")
+        kwargs["draft_max"] = num_draft_tokens
     if not isinstance(tokenizer, TokenizerWrapper):
         tokenizer = TokenizerWrapper(tokenizer)
     if not isinstance(prompt, mx.array):
@@ -354,11 +433,9 @@ def stream_generate(model: nn.Module, tokenizer, prompt, max_tokens: int = 256,
             add_special = tokenizer.bos_token is None or not prompt.startswith(tokenizer.bos_token)
             prompt = tokenizer.encode(prompt, add_special_tokens=add_special)
         prompt = mx.array(prompt)
-    if max_kv_size is not None and kwargs.get("prompt_cache") is None:
-        kwargs["prompt_cache"] = make_prompt_cache(model, max_kv_size)
     detokenizer = tokenizer.detokenizer
     detokenizer.reset()
-    steps = ngram_speculative_generate_step(prompt, model, max_tokens=max_tokens, **kwargs)
+    steps = ngram_speculative_generate_step(prompt, model, max_tokens=max_tokens, max_kv_size=max_kv_size, **kwargs)
     tic = time.perf_counter()
     prompt_tps = 0.0
     n, token, logprobs, from_draft = 0, None, None, False

@@ -665,13 +665,11 @@ class SpecResponseGenerator(mlx_server.ResponseGenerator):
                 # the cost-aware length changes as the policy learns, and with it the random draws of the
                 # verification: a seeded request verifies a fixed length so that the seed reproduces it
                 spec.draft_max = SEEDED_DRAFT_MAX
-            progress = kwargs.get("prompt_progress_callback") or (lambda *_: None)
-            progress(0, len(rest))
             responses = spec_stream_generate(
                 model, tokenizer, mx.array(rest), max_tokens, sampler=kwargs.get("sampler"),
                 logits_processors=kwargs.get("logits_processors"), prompt_cache=prompt_cache,
                 prefill_step_size=kwargs.get("prefill_step_size", 2048), draft_max=spec.draft_max,
-                drafter=drafter, stats=spec.stats)
+                drafter=drafter, stats=spec.stats, prompt_progress_callback=kwargs.get("prompt_progress_callback"))
         else:
             spec.speculative = False
             responses = plain_stream_generate(model, tokenizer, mx.array(rest), max_tokens,
@@ -685,8 +683,6 @@ class SpecResponseGenerator(mlx_server.ResponseGenerator):
                 if not yielded:
                     t1 = time.perf_counter()
                     spec.t_prompt = t1 - t0
-                    if drafter is not None:
-                        progress(len(rest), len(rest))
                 yielded.append(int(response.token))
                 yield response
             completed = True

@@ -216,5 +216,6 @@ def test_eos_as_the_first_token_and_bad_arguments():
         greedy_generate(model, [], 5)
     with pytest.raises(ValueError, match="max_tokens must be at least 1"):
         speculative_generate(model, [1], 0, ForcedDrafter([], [(0, 0)]), 4)
-    with pytest.raises(ValueError, match="draft_max must be >= 0"):
-        speculative_generate(model, [1], 3, ForcedDrafter([], [(0, 0)]), -1)
+    for draft_max in (-1, None, 2.5):   # None: before, a comparison TypeError from inside
+        with pytest.raises(ValueError, match="draft_max must be a whole number >= 0"):
+            speculative_generate(model, [1], 3, ForcedDrafter([], [(0, 0)]), draft_max)

@@ -160,19 +160,22 @@ def test_auto_draft_length_equal_plain_greedy(arch):
 
 
 def test_prompt_cache_is_updated_in_place_and_reusable():
-    """Like mlx-lm: after the run the cache holds prompt + output except the last token."""
+    """Like mlx-lm's generate_step: after the run the cache holds the prompt and every yielded token,
+    so the next turn's tokens continue from it."""
     model = model_of("qwen3_5")
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
-    plain, _ = plain_greedy(model, prompt, 12)
+    plain, plain_lp = plain_greedy(model, prompt, 12)
     cache = make_prompt_cache(model)
     spec = [t for t, _, _ in ngram_speculative_generate_step(
         mx.array(prompt), model, max_tokens=12, prompt_cache=cache, draft_max=3,
         drafter=ScriptedDrafter(plain, [(3, 1), (2, None)]))]
-    assert cache[1].offset == len(prompt) + len(spec) - 1
-    # continue from the cache: the next token equals a fresh plain run's 13th token
-    more, _ = plain_greedy(model, prompt, 13)
-    nxt = next(generate_step(mx.array([spec[-1]]), model, prompt_cache=cache, sampler=argmax_sampler))[0]
-    assert int(nxt) == more[12]
+    assert_greedy_equal(plain, plain_lp, spec)
+    assert cache[1].offset == len(prompt) + len(spec)
+    # continue from the cache with a next turn: equals a fresh plain run over the whole history
+    turn = [7, 7, 2]
+    more, _ = plain_greedy(model, prompt + spec + turn, 1)
+    nxt = next(generate_step(mx.array(turn), model, prompt_cache=cache, sampler=argmax_sampler))[0]
+    assert int(nxt) == more[0]
 
 
 def test_max_tokens_and_bad_arguments():

@@ -12,6 +12,7 @@ from mlx_backend.models.tiny import tiny_model
 from reference.models.tiny import write_tiny_model
 from mlx_backend.ngram.default import suffix_api
 from reference.suffix.auto import AutoDrafter
+from reference.ngram.drafter import NgramDrafter
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12, 13]
 N = 32
@@ -95,8 +96,18 @@ def test_arguments_of_the_wrong_type_are_named(qwen):
              ({"prompt": mx.array([PROMPT[:2], PROMPT[2:4]])}, "the prompt must be a 1-D sequence"),
              ({"draft_max": 2.5}, "draft_max must be a whole number or None"),
              ({"draft_max": "8"}, "draft_max must be a whole number or None"),
-             ({"drafter": 42}, "drafter must be one of lookup, suffix, auto, None .auto. or a Drafter")]
+             ({"drafter": 42}, "drafter must be one of lookup, suffix, auto, None .auto. or a Drafter"),
+             # before: '<' not supported, slice indices, AttributeError 'summary', reset() missing an argument,
+             # 'int' object is not iterable, all from deep inside
+             ({"max_tokens": "5"}, "max_tokens must be a whole number, got '5'"),
+             ({"max_tokens": 2.5}, "max_tokens must be a whole number, got 2.5"),
+             ({"prefill_step_size": 2.5}, "prefill_step_size must be a whole number"),
+             ({"stats": {}}, "stats must be a SpecStats"),
+             ({"draft_max": None, "draft_policy": "x"}, "draft_policy must be a DraftPolicy"),
+             ({"drafter": NgramDrafter}, "drafter must be a drafter object, got the class NgramDrafter"),
+             ({"prompt": mx.array(5)}, "the prompt must be a 1-D sequence of integer token ids, got an array of shape")]
     for kwargs, message in cases:
-        kwargs = {"prompt": mx.array(PROMPT), "draft_max": 4, **kwargs}
+        kwargs = {"prompt": mx.array(PROMPT), "draft_max": 4, "max_tokens": N, **kwargs}
         with pytest.raises(TypeError, match=message):
-            next(ngram_speculative_generate_step(kwargs.pop("prompt"), model, max_tokens=N, **kwargs))
+            next(ngram_speculative_generate_step(kwargs.pop("prompt"), model, **kwargs))
+

@@ -82,7 +82,7 @@ def test_forced_schedule_enters_and_leaves_plain_mode(arch, gdn_path):
     assert (stats.enter_plain, stats.leave_plain) == (3, 2)
     assert (stats.n_drafted, stats.n_accept) == (6, 4)
     assert stats.steps == 2 + stats.plain_steps and stats.plain_steps == 24 - 4 - 2
-    assert kv_offset(cache) == len(prompt) + 24 - 1   # every token but the last, as after a verify step
+    assert kv_offset(cache) == len(prompt) + 24   # every token, the last fed at the end (generate_step's)
 
 
 @settings(max_examples=40, deadline=None)
@@ -105,9 +105,56 @@ def test_any_schedule_equals_plain_greedy(arch, prompt, gdn_path, max_tokens, dr
     assert stats.n_tokens == max_tokens and stats.leave_plain <= stats.enter_plain
     assert sum(f for _, _, f in out) == stats.n_accept <= stats.n_drafted
     if tie is None:
-        assert kv_offset(cache) == len(prompt) + max_tokens - 1
+        assert kv_offset(cache) == len(prompt) + max_tokens
         for (_, lp, _), ref in zip(out, plain_lp):
             assert mx.allclose(lp, ref, atol=1e-4).item()
+
+
+def first_turn(steps, stop_after):
+    """The tokens a consumer takes from ``steps`` ((token, ...) tuples) until it has ``stop_after`` of them
+    (None: to the end), then closes it, as ``stream_generate`` does at an EOS."""
+    out = []
+    for step in steps:
+        out.append(int(step[0]))
+        if len(out) == stop_after:
+            break
+    steps.close()
+    return out
+
+
+# (stop after how many tokens (None: exhausted at 12), schedule): where the run is when its consumer stops
+# (a proposal at output position p guesses token p; in plain mode one reaching past the token in flight
+# leaves after it, and the proposal at p + 1 is verified: {2: .., 3: (5, 3)} verifies tokens 3-7 at once,
+# the 4th draft (token 6) wrong, so tokens 3, 4, 5 are accepted drafts and 6 the step's own token)
+TURN_ENDS = {"plain mode": (4, {}), "an accepted draft mid-step": (4, {2: (5, None), 3: (5, 3)}),
+             "the last accepted draft": (6, {2: (5, None), 3: (5, 3)}),
+             "a step's own token": (7, {2: (5, None), 3: (5, 3)}),
+             "exhausted in a verify step": (None, {6: (5, None), 7: (5, None)}),
+             "exhausted in plain mode": (None, {2: (3, None)})}
+
+
+@pytest.mark.parametrize("gdn_path", GDN_PATHS)
+@pytest.mark.parametrize("end", TURN_ENDS)
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_a_reused_prompt_cache_holds_what_generate_step_leaves(arch, end, gdn_path):
+    """A chat loop reuses the prompt cache and feeds only the next turn's tokens (mlx_lm.chat): after a
+    turn that ran out or whose consumer stopped (at an EOS), in either mode, the cache holds the prompt
+    and every token yielded, as after mlx-lm's ``generate_step``, so the next turn is the same. (Before:
+    a verify step's drafts after the consumer's last token stayed in it, and its last token was missing.)"""
+    model = model_of(arch)
+    prompt, turn2, stop_after, schedule = [3, 1, 4, 1, 5], [9, 2, 6], *TURN_ENDS[end]
+    plain, _ = plain_greedy(model, prompt, 12)
+    ref_cache, cache = make_prompt_cache(model), make_prompt_cache(model)
+    ref1 = first_turn(generate_step(mx.array(prompt), model, max_tokens=12, sampler=argmax_sampler,
+                                    prompt_cache=ref_cache), stop_after)
+    ours1 = first_turn(ngram_speculative_generate_step(
+        mx.array(prompt), model, max_tokens=12, draft_max=None, draft_policy=forced_policy(5),
+        drafter=PositionalDrafter(plain, schedule), gdn_path=gdn_path, prompt_cache=cache), stop_after)
+    assert ours1 == ref1 and kv_offset(cache) == kv_offset(ref_cache) == len(prompt) + len(ref1)
+    ref2 = list(generate_step(mx.array(turn2), model, max_tokens=8, sampler=argmax_sampler, prompt_cache=ref_cache))
+    ours2 = spec_run(model, turn2, 8, PositionalDrafter([t for t, _ in ref2], {1: (4, None)}), SpecStats(),
+                     draft_max=None, draft_policy=forced_policy(5), gdn_path=gdn_path, prompt_cache=cache)
+    assert assert_greedy_equal([int(t) for t, _ in ref2], [lp for _, lp in ref2], ours2) is None
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -196,3 +243,24 @@ def test_stream_generate_stops_at_eos_in_either_mode(tiny_loaded, eos_at, schedu
     finally:
         tokenizer.eos_token_ids = {tokenizer.eos_token_id}
     assert ours == ref and ours[-1][2] == "stop"
+
+
+def test_stream_generate_takes_mlx_lm_s_keywords(tiny_loaded):
+    """Code written for ``mlx_lm.stream_generate`` runs unchanged: ``prompt_progress_callback`` is called
+    with the same (done, total) pairs, ``num_draft_tokens`` is the draft length (0: plain, no drafter call),
+    and what cannot apply (a draft model, a quantized KV cache) is a ValueError naming the keyword."""
+    model, tokenizer = tiny_loaded
+    prompt, calls = "abcab" * 40, {"mlx-lm": [], "ours": []}
+    ref = [r.token for r in mlx_lm.stream_generate(
+        model, tokenizer, prompt, max_tokens=6, sampler=argmax_sampler, prefill_step_size=64,
+        prompt_progress_callback=lambda done, total: calls["mlx-lm"].append((done, total)))]
+    stats = SpecStats()
+    ours = [r.token for r in stream_generate(
+        model, tokenizer, prompt, max_tokens=6, sampler=argmax_sampler, prefill_step_size=64, stats=stats,
+        num_draft_tokens=0, prompt_progress_callback=lambda done, total: calls["ours"].append((done, total)))]
+    assert ours == ref and calls["ours"] == calls["mlx-lm"] and len(calls["ours"]) >= 4
+    assert stats.n_proposed == 0 and stats.plain_steps == stats.steps
+    for bad, word in [(dict(draft_model=model), "draft_model"), (dict(kv_bits=4), "kv_bits"),
+                      (dict(num_draft_tokens=2, draft_max=3), "num_draft_tokens")]:
+        with pytest.raises(ValueError, match=word):
+            next(stream_generate(model, tokenizer, prompt, max_tokens=4, **bad))
