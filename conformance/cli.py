@@ -5,6 +5,7 @@ import argparse
 import fnmatch
 import json
 import sys
+import textwrap
 
 from conformance.backend import BUILTIN, ENV, PROTOCOL, resolve
 from conformance.registry import AREAS, THOROUGH
@@ -20,9 +21,14 @@ and the rules), suffix drafting (against hand-worked cases and the rule), and, f
 generates, exact state rollback, greedy output identical to plain greedy decoding, and an unchanged
 sampling distribution.
 
+Your own backend: --backend module.path:object, any object (a module, an instance, a SimpleNamespace)
+with some of the protocol members that --list shows and docs/conformance.md defines. The module must
+be importable: installed, on PYTHONPATH, or (python -m conformance only) in the current folder.
+
 Each area is reported as passed, failed, skipped, or not applicable (the backend does not provide
 what the area needs). A failure shows the smallest failing example and the seed that reproduces it.
-The exit code is 1 if any check failed, 0 otherwise.
+The exit code is 1 if any check failed; 2 for a usage error (a bad option, a backend that cannot be
+loaded, or one that none of the selected checks can run on); 0 otherwise.
 
 Areas: {", ".join(AREAS)}.
 """
@@ -67,6 +73,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--examples must be >= 1, got {args.examples}")
     check_outputs({"--json": args.json}, inputs=[])   # before the run: not a missing folder after minutes
     backend = resolve(args.backend)
+    if all(backend.missing(c.needs) for c in checks):  # a run that checks nothing must not read as passed
+        raise ValueError(f"none of the {len(checks)} selected checks can run: each needs a member that backend "
+                         f"{backend.name!r} lacks (it provides only {', '.join(backend.provided())}); name the "
+                         f"object that holds the protocol members, or select other checks (--list shows what each needs)")
     options = Options(thorough=args.thorough, examples=args.examples, exitfirst=args.exitfirst)
     if args.seed is not None:
         options.seed = args.seed
@@ -104,7 +114,8 @@ def _list(checks) -> int:
     print("Checks (area.name: the rule):")
     for c in checks:
         needs = f"  [needs {', '.join(c.needs)}]" if c.needs else ""
-        print(f"  {c.id}: {c.doc}{needs}")
+        print(textwrap.fill(f"{c.id}: {c.doc}{needs}", 110, initial_indent="  ", subsequent_indent="      ",
+                            break_on_hyphens=False))
     print("\nBackend protocol (docs/conformance.md):")
     for name, what in PROTOCOL.items():
         print(f"  {what}")

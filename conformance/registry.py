@@ -7,6 +7,7 @@ something the specification forbids. ``needs`` names the protocol members it use
 """
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +32,7 @@ AREAS = {
 class Check:
     area: str
     name: str
-    doc: str  # one sentence: the rule the check holds the backend to
+    doc: str  # the rule the check holds the backend to: the docstring's first paragraph
     fn: Callable[..., None]
     needs: tuple[str, ...] = ()
     given: dict[str, Any] = field(default_factory=dict)  # hypothesis strategies, by argument name
@@ -52,12 +53,13 @@ _CHECKS: list[Check] = []
 
 def check(area: str, *, needs: tuple[str, ...] = (), given: dict[str, Any] | None = None,
           examples: int = 20, fast: bool = True):
-    """Register the decorated function as a check of ``area``; its docstring's first line states the rule."""
+    """Register the decorated function as a check of ``area``; its docstring's first paragraph states the rule
+    (the whole paragraph, on one line: a rule cut at the end of its first source line can read as another)."""
     if area not in AREAS:
         raise ValueError(f"unknown area {area!r}; areas are {', '.join(AREAS)}")
 
     def register(fn: Callable[..., None]) -> Callable[..., None]:
-        doc = (fn.__doc__ or fn.__name__).strip().splitlines()[0]
+        doc = " ".join((inspect.getdoc(fn) or fn.__name__).split("\n\n")[0].split())
         _CHECKS.append(Check(area, fn.__name__, doc, fn, tuple(needs), dict(given or {}),
                              examples if given else 0, fast))
         return fn

@@ -38,7 +38,7 @@ def summary(report: Report, rerun: str) -> str:
     if failures:
         lines += ["", "Failures:"]
         for r in failures:
-            lines += ["", f"  {r.id}  [{AREAS[r.area]}]", f"    rule:    {r.rule}",
+            lines += ["", f"  {r.id}  [{AREAS[r.area]}]", _block("rule:    ", r.rule),
                       _block("problem: ", r.message)]
             if r.example:
                 lines.append(_block("smallest failing example: ", r.example))

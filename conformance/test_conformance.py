@@ -2,7 +2,8 @@
 
 The backend comes from ``$NGRAM_SPEC_BACKEND`` (default: mlx where installed, else ``reference``); ``$NGRAM_SPEC_CONFORMANCE_SEED``
 fixes the seed and ``NGRAM_SPEC_CONFORMANCE_THOROUGH=1`` runs the thorough variant. A check that
-does not apply to the backend is skipped with the reason "not applicable: ...".
+does not apply to the backend is skipped with the reason "not applicable: ...". A backend that cannot
+be loaded, or a seed that is not an integer, stops the session with one line (pytest's usage-error exit, 4).
 """
 import os
 
@@ -17,14 +18,22 @@ CHECKS = all_checks()
 
 @pytest.fixture(scope="session")
 def backend():
-    return resolve(None)
+    try:
+        return resolve(None)
+    except ValueError as exc:  # once, not a traceback per check
+        pytest.exit(f"conformance: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
 
 
 @pytest.fixture(scope="session")
 def options():
     opts = Options(thorough=os.environ.get("NGRAM_SPEC_CONFORMANCE_THOROUGH", "") not in ("", "0"))
-    if os.environ.get("NGRAM_SPEC_CONFORMANCE_SEED"):
-        opts.seed = int(os.environ["NGRAM_SPEC_CONFORMANCE_SEED"])
+    seed = os.environ.get("NGRAM_SPEC_CONFORMANCE_SEED")
+    if seed:
+        try:
+            opts.seed = int(seed)
+        except ValueError:
+            pytest.exit(f"conformance: NGRAM_SPEC_CONFORMANCE_SEED must be an integer, got {seed!r}",
+                        returncode=pytest.ExitCode.USAGE_ERROR)
     return opts
 
 

@@ -110,8 +110,73 @@ def test_bad_backend_names_are_explained(capsys):
     assert "provides none of the protocol members" in capsys.readouterr().err
 
 
+def test_a_backend_module_that_fails_to_import_is_one_line(tmp_path, monkeypatch, capsys):
+    """Whatever a backend's module raises on import is one line with its place (before: a traceback and exit 1
+    for anything but ImportError; a missing dependency blamed the backend's name)."""
+    (tmp_path / "port_syntax.py").write_text("def f(:\n")
+    (tmp_path / "port_raises.py").write_text("x = 1\nraise RuntimeError('no GPU here')\n")
+    (tmp_path / "port_needs.py").write_text("import no_such_dependency_xyz\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    expected = {"port_syntax": f"importing 'port_syntax' raised SyntaxError: invalid syntax (at {tmp_path}/port_syntax.py:1)",
+                "port_raises": f"importing 'port_raises' raised RuntimeError: no GPU here (at {tmp_path}/port_raises.py:2)",
+                "port_needs": "importing 'port_needs' raised ModuleNotFoundError: No module named 'no_such_dependency_xyz' "
+                              f"(at {tmp_path}/port_needs.py:1)"}
+    for module, message in expected.items():
+        assert conformance_main(["--backend", f"{module}:backend"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, err
+
+
+def test_a_backend_module_not_found_says_where_modules_are_looked_for(capsys):
+    """The module itself not found: the fix is the import path (``ngram-spec`` and pytest do not look in the
+    current folder as ``python -m`` does); an attribute missing deep in the object names the missing part."""
+    assert conformance_main(["--backend", "no_such_port_xyz:backend"]) == 2
+    assert "no module named 'no_such_port_xyz'" in (err := capsys.readouterr().err) and "PYTHONPATH" in err, err
+    assert conformance_main(["--backend", "conformance.adapters.reference:NgramDrafter.no_such"]) == 2
+    assert "conformance.adapters.reference:NgramDrafter has no attribute 'no_such'" in capsys.readouterr().err
+
+
+def test_a_run_that_no_selected_check_can_run_on_is_refused(monkeypatch, capsys):
+    """Every selected check not applicable (a module named instead of its protocol object, an area the backend
+    lacks) is a usage error before the run (before: "PASSED: no check failed (0 of 8 ran)", exit 0)."""
+    monkeypatch.syspath_prepend(str(META))
+    assert conformance_main(["--backend", "example_backends:drafter_only", "--area", "counts"]) == 2
+    captured = capsys.readouterr()
+    assert "PASSED" not in captured.out, captured.out
+    assert ("none of the 8 selected checks can run: each needs a member that backend "
+            "'example_backends:drafter_only' lacks (it provides only NgramDrafter)") in captured.err, captured.err
+
+
+def test_the_rule_shown_is_the_whole_first_paragraph(capsys):
+    """A rule whose first sentence spans lines is shown whole (before: cut at its first source line,
+    "...; a sum past")."""
+    assert conformance_main(["--list", "--check", "counts.merged_counts_past_16_and_31_bits"]) == 0
+    listed = " ".join(capsys.readouterr().out.split())
+    assert ("a sum past 2^31 - 1 (2^31 exactly, 2^31 + 5) is either exact or refused with an error, never "
+            "wrapped. [needs load_cache") in listed, listed
+
+
+def test_help_names_the_usage_exit_and_the_import_path(capsys):
+    with pytest.raises(SystemExit):
+        conformance_main(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "2 for a usage error" in help_text and "on PYTHONPATH" in help_text, help_text
+
+
+def test_pytest_entry_point_refuses_a_bad_seed_or_backend_in_one_line():
+    """``pytest --pyargs conformance``: one line and pytest's usage-error exit (before: the same traceback
+    for every check)."""
+    for env, message in ((dict(NGRAM_SPEC_BACKEND="reference", NGRAM_SPEC_CONFORMANCE_SEED="abc"),
+                          "NGRAM_SPEC_CONFORMANCE_SEED must be an integer, got 'abc'"),
+                         (dict(NGRAM_SPEC_BACKEND="no_such_port_xyz:backend"), "no module named 'no_such_port_xyz'")):
+        p = subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "conformance", "-q", "-p", "no:cacheprovider",
+                            "-k", "drafting.long_drafts"], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                           env={**os.environ, **env})
+        assert p.returncode == 4 and message in p.stdout and "Traceback" not in p.stdout, p.stdout[-2000:]
+
+
 def test_environment_variable_selects_the_backend():
-    p = run("--check", "counts.static_cache_counts_2grams", "--seed", "1",
+    p = run("--check", "drafting.long_drafts_and_negative_lengths", "--seed", "1",
             env={"NGRAM_SPEC_BACKEND": "example_backends:drafter_only"})
     assert "backend 'example_backends:drafter_only'" in p.stdout and p.returncode == 0
 
