@@ -127,8 +127,9 @@ def _add_model_and_output_args(p) -> None:
                         "dequantized to it or kept quantized (auto: the backend's choice for the machine), an "
                         "mlx-lm directory is cast to float32/float16/bfloat16 (auto: as stored)")
     p.add_argument("--shard", choices=("tensor", "pipeline"), default=None,
-                   help="under mlx.launch: shard the model over the ranks with mlx-lm's own tensor-parallel "
-                        "shard() or pipeline() split; only rank 0 prints (docs/distributed.md)")
+                   help="under mlx.launch (2 or more ranks; refused in a process alone): shard the model over "
+                        "the ranks with mlx-lm's own tensor-parallel shard() or pipeline() split; only rank 0 "
+                        "prints; not with --prompt - (the launcher never closes stdin) (docs/distributed.md)")
     p.add_argument("--shard-timeout", type=float, default=120.0, metavar="SECONDS",
                    help="with --shard: exit when the other ranks give no sign of life for this long "
                         "(default: %(default)s)")
@@ -172,6 +173,9 @@ def check_generate_args(args) -> None:
                         "drop one of them")
     if args.shard is not None and args.backend != "mlx":
         raise UserError("--shard runs the model sharded with mlx; drop --backend reference")
+    if args.shard is not None and args.prompt == "-":   # mlx.launch forwards its stdin but never closes it
+        raise UserError("--prompt - with --shard would wait forever: mlx.launch never closes the ranks' stdin; "
+                        "give the text as --prompt \"$(cat FILE)\" or the token ids as --prompt-tokens FILE")
     check_outputs({"--dynamic": args.dynamic}, inputs=[args.static, args.prompt_tokens])
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import faulthandler
 import json
+import os
 import sys
 import threading
 
@@ -43,7 +44,9 @@ def run_generate(args) -> int:
     """``ngram-spec generate --backend mlx`` (the parser and the argument checks are mlx_backend/cli/generate.py's)."""
     if sys.argv[1:2] == ["generate"]:  # only when this process is `ngram-spec generate` (not called in-process);
         faulthandler.enable(all_threads=True)  # a native crash (e.g. SIGILL in a BLAS) names its signal and stack
-        ensure_fast_blas(sys.argv[1:], getattr(args, "blas", None))  # first: the re-run imports mlx-lm again
+        other_rank = getattr(args, "shard", None) and os.environ.get("MLX_RANK", "0") != "0"   # set by mlx.launch
+        ensure_fast_blas(sys.argv[1:], getattr(args, "blas", None),   # first: the re-run imports mlx-lm again
+                         log=(lambda msg: None) if other_rank else None)   # --shard: only rank 0 prints
     read_stdin_prompt(args)   # after the re-run, which gets this process's stdin unread
     import math
 
@@ -72,7 +75,7 @@ def run_generate(args) -> int:
         save_dynamic(args.dynamic, c_dyn, lookup_part(drafter).c_ctx)
         print(f"saved the dynamic cache to {args.dynamic}", file=sys.stderr)
     if not args.no_spec and args.draft_max is None:
-        print(describe_costs(model, "[generate] draft length: cost-aware; "), file=sys.stderr)
+        print(_describe_costs(args, model, stats), file=sys.stderr)
     if args.no_spec:   # mlx-lm's generate_step: the prompt but its last token in chunks, then one step a token
         stats = SpecStats(steps=n_emitted, n_forward=n_emitted + math.ceil((len(prompt) - 1) / PREFILL_STEP_SIZE))
     draft_max, policy = ((0, "none") if args.no_spec else (DEFAULT_K_MAX, "auto") if args.draft_max is None
@@ -88,6 +91,17 @@ def run_generate(args) -> int:
         _print_summary(args, record, prompt, tokens, stats,
                        f"draft max {draft_max} ({policy}), drafter {record['drafter']}", desc)
     return 0
+
+
+def _describe_costs(args, model, stats) -> str:
+    """The line naming the verify costs the cost-aware draft length used: learned from this run's steps and
+    kept for later runs, or with --shard rank 0's, measured on the shards before generating and not kept."""
+    prefix = "[generate] draft length: cost-aware; "
+    if not getattr(args, "shard", None):
+        return describe_costs(model, prefix)
+    costs = stats.policy["cost_rel"]
+    return (f"{prefix}verify cost c(S)/c(1), S = 1..{len(costs)}: " + " ".join(f"{c:.2f}" for c in costs)
+            + " (rank 0's, measured on the shards before generating; --shard keeps no costs for later runs)")
 
 
 class LocalRun:
@@ -115,12 +129,12 @@ class LocalRun:
 
 def _load(args):
     """The model, its tokenizer (with --extra-eos-token), a description, and the run: sharded under
-    ``mlx.launch --shard``, else :class:`LocalRun`; the drafter's compiled loops load meanwhile."""
+    ``mlx.launch --shard``, else :class:`LocalRun`; the drafter's compiled loops load meanwhile. --seed
+    seeds mlx's random state once the model is loaded: building the model, and with --shard the sharded
+    layers that mlx-lm's ``shard()`` builds, draw from it, so a seed gives the same text sharded or not."""
     dtype = None if args.dtype in (None, "auto") else args.dtype
     if dtype == "float64":
         raise ValueError("--dtype float64 is for --backend reference; mlx takes quantized, float32, float16, bfloat16")
-    if args.seed is not None:
-        mx.random.seed(args.seed)
     if not args.no_spec and (args.static or args.dynamic or drafter_name(args) != "lookup"):
         threading.Thread(target=_warm_drafter, args=(drafter_name(args),), daemon=True).start()   # with the model
     run = LocalRun()
@@ -129,6 +143,8 @@ def _load(args):
 
         run = cli_run(args.shard_timeout)
     model, tokenizer, desc = run.load(args.model, args.shard, dtype, "ngram-spec generate")
+    if args.seed is not None:
+        mx.random.seed(args.seed)
     if args.max_kv_size is not None and hasattr(model, "make_cache"):
         raise ValueError(f"--max-kv-size: {desc} makes its own caches (model.make_cache), so mlx-lm's "
                          "make_prompt_cache ignores max_kv_size for it; drop --max-kv-size")

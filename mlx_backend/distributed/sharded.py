@@ -89,8 +89,10 @@ class ShardError(ValueError):
     """The model cannot be sharded the way it was asked (architecture, mode or group size)."""
 
 
-class RankDivergence(RuntimeError):
-    """The ranks did not take the same decisions (different drafter inputs or drafts)."""
+class RankDivergence(ValueError):
+    """The ranks did not take the same decisions (different drafter inputs or drafts). A ValueError, as
+    the usual cause is input that differs between the ranks (``--static`` / ``--dynamic`` files): the
+    command line reports it in one line, ``ngram-spec generate: error: rank R disagrees with rank 0 ...``."""
 
 
 def _arch(model: nn.Module) -> str:
@@ -365,7 +367,7 @@ class ShardedRun:
         if self.rank == 0:
             reason = error if error is not None else (
                 f"rank {', '.join(str(r) for r, f in enumerate(failed) if f)} could not load the model "
-                f"(its message is above)")
+                f"(the reason is on that rank's own line, '{prog}: error: rank R: ...')")
             os.write(2, f"{prog}: error: {reason}\n".encode())
         elif error is not None and not failed[0]:
             os.write(2, f"{prog}: error: rank {self.rank}: {error}\n".encode())
@@ -419,8 +421,13 @@ def sharded_generate_step(prompt, model: nn.Module, *, group=None, timeout: floa
 def cli_run(timeout: float = DEFAULT_TIMEOUT) -> ShardedRun:
     """The :class:`ShardedRun` of ``ngram-spec generate --shard``. Only rank 0 prints: the other
     ranks' ``sys.stdout`` and ``sys.stderr`` go to ``os.devnull`` (the watchdog and
-    :meth:`ShardedRun.load` write their messages to file descriptor 2 directly)."""
+    :meth:`ShardedRun.load` write their messages to file descriptor 2 directly). A process alone
+    (not started by ``mlx.launch``, or ``-n 1``) is refused: it would run the whole model unsharded."""
     group = mx.distributed.init()
+    if group.size() == 1:
+        raise ValueError("--shard splits the model over the ranks that mlx.launch starts, and this process is "
+                         "alone: run it as mlx.launch -n 2 --backend ring -- ngram-spec generate ... --shard "
+                         "tensor (docs/distributed.md), or drop --shard")
     if group.rank() != 0:   # silenced first, so that a bad timeout is reported once
         sys.stdout = open(os.devnull, "w")
         sys.stderr = open(os.devnull, "w")

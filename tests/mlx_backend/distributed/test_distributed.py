@@ -291,3 +291,93 @@ def test_ranks_with_different_cache_files_are_stopped(tmp_path):
     for rank in (0, 1):
         assert f"rank {rank} refused: rank 1 disagrees with rank 0 on the n-gram cache files" in proc.stdout, \
             proc.stdout + proc.stderr
+
+
+def _tiny_model_and_prompt(tmp_path: Path) -> tuple[Path, Path]:
+    model = tmp_path / "tiny"
+    subprocess.run([sys.executable, "-m", "mlx_backend.cli", "tiny-model", "--arch", "qwen3_5", "--out", str(model)],
+                   cwd=ROOT, check=True, capture_output=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    prompt = tmp_path / "prompt.i32"
+    prompt.write_bytes(bytes(b for t in range(5, 25) for b in t.to_bytes(4, "little")))
+    return model, prompt
+
+
+def test_cli_shard_cost_line_and_blas_note_are_rank_0s(tmp_path):
+    """The cost-aware draft length on 2 ranks: the stderr line names the costs the run used (rank 0's,
+    measured on the shards, kept nowhere), and the BLAS re-run note comes from rank 0 alone. Before:
+    the line said the costs were not known yet and would be learned and kept in step-costs.json, and
+    each rank printed its own ``[blas] re-running ...``."""
+    model, prompt = _tiny_model_and_prompt(tmp_path)
+    proc = launch(["-m", "mlx_backend.cli", "generate", "--model", str(model), "--shard", "tensor",
+                   "--prompt-tokens", str(prompt), "--max-tokens", "4", "--json"], tmp_path, timeout=300)
+    assert proc.stderr.count("[blas] re-running") <= 1, proc.stderr
+    costs = [line for line in proc.stderr.splitlines() if line.startswith("[generate] draft length:")]
+    assert len(costs) == 1, proc.stderr
+    assert costs[0].startswith("[generate] draft length: cost-aware; verify cost c(S)/c(1), S = 1..65: 1.00 ")
+    assert costs[0].endswith("(rank 0's, measured on the shards before generating; --shard keeps no costs "
+                             "for later runs)")
+
+
+def test_cli_model_missing_on_one_rank_is_named(tmp_path):
+    """``--model`` missing on rank 1 only: rank 1 prints its reason, rank 0 names rank 1 and points at
+    that line (which the launcher may print before or after rank 0's), every rank exits non-zero (status 2,
+    or the launcher's SIGTERM when the other rank ended first)."""
+    model, prompt = _tiny_model_and_prompt(tmp_path)
+    script = textwrap.dedent(f"""
+        import os, sys
+        from mlx_backend.cli import main
+        model = {str(model)!r} + ("" if os.environ["MLX_RANK"] == "0" else "-missing")
+        sys.exit(main(["generate", "--model", model, "--shard", "tensor", "--prompt-tokens", {str(prompt)!r},
+                       "--max-tokens", "2"]))
+    """)
+    proc = launch(["-c", script], tmp_path, timeout=300, check=False)
+    exits = rank_exits(proc.stderr)
+    assert sorted(exits) == [0, 1] and 0 not in exits.values(), proc.stderr
+    errors = sorted(line for line in proc.stderr.splitlines() if "error:" in line and not line.startswith("[ring] "))
+    assert errors == [
+        "ngram-spec generate: error: rank 1 could not load the model (the reason is on that rank's own line, "
+        "'ngram-spec generate: error: rank R: ...')",
+        f"ngram-spec generate: error: rank 1: --model {model}-missing: not a .gguf file or an mlx-lm model directory",
+    ], proc.stderr
+
+
+def test_cli_seed_gives_the_single_process_text_when_sharded(tmp_path):
+    """A sampled run with --seed: the same tokens tensor-parallel as in one process (its logits differ from
+    one process's by ~1e-6, far below the gaps the sampler's Gumbel noise leaves here). Before: the seed was
+    set before loading, and the layers mlx-lm's shard() builds drew from the random state, so the sharded run
+    sampled another text than the one-process run."""
+    model, prompt = _tiny_model_and_prompt(tmp_path)
+    args = ["-m", "mlx_backend.cli", "generate", "--model", str(model), "--prompt-tokens", str(prompt),
+            "--max-tokens", "16", "--temp", "0.8", "--seed", "3", "--json"]
+    alone = subprocess.run([sys.executable, *args], cwd=ROOT, check=True, capture_output=True, text=True,
+                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    proc = launch([*args, "--shard", "tensor"], tmp_path, timeout=300)
+    records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(records) == 1, proc.stdout + proc.stderr
+    assert records[0]["tokens"] == json.loads(alone.stdout)["tokens"]
+
+
+def test_cli_ranks_with_different_static_files_get_one_line(tmp_path):
+    """``--static`` holding other n-grams on rank 1: refused by the start-of-run check in one line naming
+    the fix, no traceback. Before: RankDivergence was a RuntimeError, shown as a traceback."""
+    model, prompt = _tiny_model_and_prompt(tmp_path)
+    for rank in (0, 1):
+        corpus = tmp_path / f"corpus{rank}.i32"
+        corpus.write_bytes(bytes(b for t in range(5 + 30 * rank, 25 + 30 * rank) for b in t.to_bytes(4, "little")))
+        subprocess.run([sys.executable, "-m", "mlx_backend.cli", "create", str(corpus), "-o",
+                        str(tmp_path / f"static{rank}.bin")], cwd=ROOT, check=True, capture_output=True,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    script = textwrap.dedent(f"""
+        import os, sys
+        from mlx_backend.cli import main
+        static = {str(tmp_path)!r} + f"/static{{os.environ['MLX_RANK']}}.bin"
+        sys.exit(main(["generate", "--model", {str(model)!r}, "--shard", "tensor", "--static", static,
+                       "--prompt-tokens", {str(prompt)!r}, "--max-tokens", "2", "--draft-max", "2"]))
+    """)
+    proc = launch(["-c", script], tmp_path, timeout=300, check=False)
+    exits = rank_exits(proc.stderr)
+    assert sorted(exits) == [0, 1] and 0 not in exits.values(), proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line and not line.startswith("[ring] ")]
+    assert errors == ["ngram-spec generate: error: rank 1 disagrees with rank 0 on the n-gram cache files "
+                      "(--static / --dynamic): give every rank the same files"], proc.stderr

@@ -1,0 +1,48 @@
+"""``ngram-spec generate --shard`` refused before any work where it cannot run as asked (no launch).
+
+A process alone has no ranks to share the model with (``mx.distributed.init()`` gives a group of 1),
+and ``mlx.launch`` forwards its stdin to the ranks but never closes it, so ``--prompt -`` would wait
+forever: both are one line on stderr and exit status 2.
+"""
+from __future__ import annotations
+
+import io
+import sys
+
+import pytest
+
+from mlx_backend.cli import main
+from reference.models.tiny import write_tiny_model
+from reference.ngram.tokens import write_tokens
+
+pytest.importorskip("mlx_lm")
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return write_tiny_model(tmp_path_factory.mktemp("shard-cli") / "qwen3_5", "qwen3_5", seed=1)
+
+
+def test_shard_in_a_process_alone_is_refused(model, tmp_path, capsys):
+    """Before: it ran the whole model in the one process and called it "tensor-parallel over 1 ranks"."""
+    write_tokens(tmp_path / "prompt.i32", list(range(5, 25)))
+    code = main(["generate", "--model", str(model), "--shard", "tensor", "--prompt-tokens",
+                 str(tmp_path / "prompt.i32"), "--max-tokens", "2", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "", out
+    assert err.strip().splitlines() == [
+        "ngram-spec generate: error: --shard splits the model over the ranks that mlx.launch starts, and this "
+        "process is alone: run it as mlx.launch -n 2 --backend ring -- ngram-spec generate ... --shard tensor "
+        "(docs/distributed.md), or drop --shard"]
+
+
+def test_prompt_from_stdin_with_shard_is_refused(model, capsys, monkeypatch):
+    """Before: every rank read stdin until an end of file that mlx.launch never sends (a hang)."""
+    monkeypatch.setattr(sys, "stdin", io.StringIO("abc abc"))
+    code = main(["generate", "--model", str(model), "--shard", "pipeline", "--prompt", "-", "--max-tokens", "2"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "", out
+    assert err.strip().splitlines() == [
+        "ngram-spec generate: error: --prompt - with --shard would wait forever: mlx.launch never closes the "
+        "ranks' stdin; give the text as --prompt \"$(cat FILE)\" or the token ids as --prompt-tokens FILE"]
+    assert sys.stdin.read() == "abc abc"   # refused before reading it
