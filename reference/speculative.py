@@ -60,13 +60,25 @@ class SpecStats:
         return 100.0 * self.n_accept / self.n_drafted if self.n_drafted else 0.0
 
 
-def _check(prompt: Sequence[int], max_tokens: int) -> list[int]:
-    prompt = [int(t) for t in prompt]
+def _whole(n) -> bool:
+    return isinstance(n, numbers.Integral) and not isinstance(n, bool)
+
+
+def _check(prompt: Sequence[int], max_tokens: int, eos: Iterable[int]) -> tuple[list[int], set[int]]:
+    """The arguments both loops share, checked: ``prompt`` a non-empty sequence of integer token ids (a float
+    is refused, not truncated), ``max_tokens`` a whole number >= 1, ``eos`` a collection of token ids."""
+    prompt = list(prompt)
     if not prompt:
         raise ValueError("the prompt is empty: generation needs at least one prompt token")
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
-    return prompt
+    bad = next((i for i, t in enumerate(prompt) if not isinstance(t, numbers.Integral)), None)
+    if bad is not None:
+        raise ValueError(f"the prompt must be token ids (integers): item {bad} is {prompt[bad]!r}; "
+                         "tokenize text first")
+    if not _whole(max_tokens) or max_tokens < 1:
+        raise ValueError(f"max_tokens must be at least 1 (a whole number), got {max_tokens!r}")
+    if isinstance(eos, numbers.Integral):
+        raise ValueError(f"eos must be a collection of token ids, e.g. eos=[{eos}], not one id")
+    return [int(t) for t in prompt], {int(t) for t in eos}
 
 
 def _prefill(model, prompt: list[int], cache) -> int:
@@ -95,7 +107,7 @@ def greedy_generate(model, prompt: Sequence[int], max_tokens: int, eos: Iterable
 
     ``on_tokens(new_tokens)`` (optional) is called as tokens are emitted, e.g. to advance a progress bar.
     """
-    prompt, eos = _check(prompt, max_tokens), set(eos)
+    prompt, eos = _check(prompt, max_tokens, eos)
     cache = model.make_cache()
     _prefill(model, prompt, cache)
     tokens, last = [], prompt[-1]
@@ -113,8 +125,8 @@ def speculative_generate(model, prompt: Sequence[int], max_tokens: int, drafter,
 
     ``on_tokens(new_tokens)`` (optional) is called with the tokens of each step as they are emitted.
     """
-    prompt, eos = _check(prompt, max_tokens), set(eos)
-    if not isinstance(draft_max, numbers.Integral) or isinstance(draft_max, bool) or draft_max < 0:
+    prompt, eos = _check(prompt, max_tokens, eos)
+    if not _whole(draft_max) or draft_max < 0:
         raise ValueError(f"draft_max must be a whole number >= 0 (the reference has no cost-aware choice), "
                          f"got {draft_max!r}")
     stats = SpecStats()

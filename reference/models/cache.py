@@ -138,6 +138,12 @@ class ModelCache:
         self.offset = cp.offset
         self.pending = 0
 
+    def layout(self) -> list[tuple]:
+        """Each layer's kind, array sizes (all but the token axis) and dtype: what every cache that one
+        model makes shares, whatever it has seen."""
+        return [(type(s).__name__, s.keys.shape[0], s.keys.shape[2], s.keys.dtype) if isinstance(s, KVState)
+                else (type(s).__name__, s.conv.shape, s.recurrent.shape, s.recurrent.dtype) for s in self.layers]
+
     def state(self) -> list[dict[str, np.ndarray]]:
         """Every layer's named state arrays, e.g. to compare two caches."""
         return [

@@ -34,6 +34,7 @@ class Model:
         self.embed, self.layers, self.norm, self.eps = embed, layers, norm, eps
         self.lm_head = embed if lm_head is None else lm_head  # tied embeddings: embed.as_linear
         self.vocab_size = embed.shape[0]
+        self.cache_layout = self.make_cache().layout()
 
     @property
     def model_type(self) -> str:
@@ -47,6 +48,8 @@ class Model:
         """Run ``tokens`` (S >= 1 ids) after the state in ``cache``; returns logits ``[S, vocab]``.
 
         The cache advances by S tokens and records what :meth:`ModelCache.keep` needs to cut it back.
+        ``cache`` must come from this model's :meth:`make_cache` (or one with the same layers, sizes and
+        dtype): another is refused before anything changes.
         """
         tokens = np.asarray(tokens)
         if tokens.ndim != 1 or tokens.size == 0 or tokens.dtype.kind not in "iu":
@@ -54,6 +57,9 @@ class Model:
         bad = (tokens < 0) | (tokens >= self.vocab_size)
         if bad.any():
             raise ValueError(f"token id {int(tokens[bad][0])} is outside the vocabulary 0..{self.vocab_size - 1}")
+        if cache.layout() != self.cache_layout:
+            raise ValueError("this cache was made by another model (its layers differ in kind, size or dtype): "
+                             "make one with this model's make_cache()")
         cache.begin(len(tokens))
         x = self.embed[tokens]
         for layer, state in zip(self.layers, cache.layers, strict=True):

@@ -87,12 +87,15 @@ def load_model(model_dir: str | os.PathLike, dtype=np.float32) -> Model:
     arch = ARCHITECTURES[model_type]
     if hasattr(arch, "sanitize"):
         arrays = arch.sanitize(arrays, config)
-    check_shapes(arrays, config.get("text_config", config), config_path)
+    check_shapes(arrays, config.get("text_config", config), config_path, query_gate=model_type != "llama")
     arrays = {k: np.ascontiguousarray(v, dtype=dtype) for k, v in arrays.items()}
     return arch.build(config, Weights(arrays, str(model_dir)), dtype)
 
 
-# (name suffix, axis, config key): that axis of every tensor so named has the config's size.
+# (name suffix, axis, size): that axis of every tensor so named has the size config.json gives (a key of
+# :func:`config_sizes`: a config key, or a product of them named by its keys).
+HK_DK, HV_DV = "linear_num_key_heads x linear_key_head_dim", "linear_num_value_heads x linear_value_head_dim"
+QUERY_AND_GATE = "2 x num_attention_heads x head_dim (a query and an output gate per head)"
 _SHAPE_RULES = (
     ("embed_tokens.weight", 0, "vocab_size"), ("lm_head.weight", 0, "vocab_size"),
     ("embed_tokens.weight", 1, "hidden_size"), ("lm_head.weight", 1, "hidden_size"),
@@ -101,32 +104,61 @@ _SHAPE_RULES = (
     ("in_proj_qkvz.weight", -1, "hidden_size"), ("in_proj_ba.weight", -1, "hidden_size"),
     ("in_proj_z.weight", -1, "hidden_size"), ("in_proj_a.weight", -1, "hidden_size"),
     ("in_proj_b.weight", -1, "hidden_size"), ("mlp.gate.weight", -1, "hidden_size"),
+    ("q_proj.weight", 0, "num_attention_heads x head_dim"), ("q_proj.weight", 0, QUERY_AND_GATE),
+    ("k_proj.weight", 0, "num_key_value_heads x head_dim"), ("v_proj.weight", 0, "num_key_value_heads x head_dim"),
+    ("linear_attn.A_log", 0, "linear_num_value_heads"), ("linear_attn.dt_bias", 0, "linear_num_value_heads"),
+    ("in_proj_a.weight", 0, "linear_num_value_heads"), ("in_proj_b.weight", 0, "linear_num_value_heads"),
+    ("in_proj_ba.weight", 0, "2 x linear_num_value_heads"), ("in_proj_z.weight", 0, HV_DV),
+    ("in_proj_qkv.weight", 0, f"2 x {HK_DK} + {HV_DV}"), ("conv1d.weight", 0, f"2 x {HK_DK} + {HV_DV}"),
+    ("in_proj_qkvz.weight", 0, f"2 x {HK_DK} + 2 x {HV_DV}"),
+    ("linear_attn.norm.weight", 0, "linear_value_head_dim"), ("out_proj.weight", -1, HV_DV),
 )
 _OUTPUT_PROJECTIONS = ("o_proj.weight", "down_proj.weight", "out_proj.weight")  # hidden_size is their axis -2
 
 
-def check_shapes(arrays: dict[str, np.ndarray], config: dict, config_path: Path) -> None:
+def config_sizes(config: dict, query_gate: bool) -> dict[str, int]:
+    """The sizes of :data:`_SHAPE_RULES` that config.json sets, as the architectures compute them (``head_dim``
+    defaults to ``hidden_size // num_attention_heads``; ``query_gate``: ``q_proj`` also yields an output gate
+    per head, as in qwen3_5 / qwen3_next)."""
+    c = {k: v for k, v in config.items() if isinstance(v, int) and not isinstance(v, bool)}
+    sizes = dict(c)
+    heads = c.get("num_attention_heads")
+    head_dim = c.get("head_dim") or (c["hidden_size"] // heads if heads and c.get("hidden_size") else None)
+    if heads and head_dim:
+        sizes[QUERY_AND_GATE if query_gate else "num_attention_heads x head_dim"] = heads * head_dim * (1 + query_gate)
+        sizes["num_key_value_heads x head_dim"] = (c.get("num_key_value_heads") or heads) * head_dim
+    linear = [c.get(k) for k in ("linear_num_key_heads", "linear_key_head_dim", "linear_num_value_heads",
+                                 "linear_value_head_dim")]
+    if all(linear):
+        hk_dk, hv_dv = linear[0] * linear[1], linear[2] * linear[3]
+        sizes.update({HK_DK: hk_dk, HV_DV: hv_dv, "2 x linear_num_value_heads": 2 * linear[2],
+                      f"2 x {HK_DK} + {HV_DV}": 2 * hk_dk + hv_dv, f"2 x {HK_DK} + 2 x {HV_DV}": 2 * hk_dk + 2 * hv_dv})
+    return sizes
+
+
+def check_shapes(arrays: dict[str, np.ndarray], config: dict, config_path: Path, query_gate: bool = False) -> None:
     """Refuse weights that do not match config.json (mlx-lm refuses them when it loads): the vocabulary,
-    hidden and dense MLP sizes, the key/value projections and the number of layers, naming the first
-    tensor that differs. The architectures read the other sizes from the tensors themselves."""
+    hidden and dense MLP sizes, the attention heads (query, key/value), the GatedDeltaNet heads and head
+    sizes and the number of layers, naming the first tensor that differs (``query_gate``: see
+    :func:`config_sizes`). The architectures read the other sizes (the conv kernel, the experts) from the
+    tensors themselves."""
     def refuse(name: str, shape, what: str):
         raise ValueError(f"{config_path}: config.json does not match the weights: tensor {name} has shape "
                          f"{tuple(shape)}, but {what}; use the config.json that came with these weights")
 
-    kv = (config.get("num_key_value_heads") or config.get("num_attention_heads") or 0) * (config.get("head_dim") or 0)
+    sizes = config_sizes(config, query_gate)
     for name in sorted(arrays):
         shape = arrays[name].shape
         rules = [(axis, key) for suffix, axis, key in _SHAPE_RULES if name.endswith(suffix)]
         if name.endswith(_OUTPUT_PROJECTIONS):
-            rules = [(-2 if len(shape) > 1 else 0, "hidden_size")]
-        elif name.endswith(("k_proj.weight", "v_proj.weight")) and kv:
-            rules.append((0, "num_key_value_heads x head_dim"))
+            rules = [(axis, key) for axis, key in rules if key != "hidden_size"]
+            rules.append((-2 if len(shape) > 1 else 0, "hidden_size"))
         if ".mlp.gate_proj." in name or ".mlp.up_proj." in name:
             rules.append((0, "intermediate_size"))
         if ".mlp.down_proj." in name:
             rules.append((1, "intermediate_size"))
         for axis, key in rules:
-            want = kv if key == "num_key_value_heads x head_dim" else config.get(key)
+            want = sizes.get(key)
             if want is not None and -len(shape) <= axis < len(shape) and shape[axis] != want:
                 refuse(name, shape, f"config.json's {key} is {want}")
     n_layers = config.get("num_hidden_layers")

@@ -48,6 +48,8 @@ match drafts ``factor`` tokens, a 32-token match drafts up to ``32 * factor``. T
 """
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Iterable, Sequence
 
 from reference.ngram.tokens import check_token_list
@@ -72,8 +74,8 @@ class SuffixHistory:
     """
 
     def __init__(self, max_tokens: int = HISTORY_MAX_TOKENS):
-        if max_tokens < 0:
-            raise ValueError(f"the history's max_tokens must be >= 0, got {max_tokens}")
+        if not isinstance(max_tokens, numbers.Integral) or max_tokens < 0:
+            raise ValueError(f"the history's max_tokens must be a whole number >= 0, got {max_tokens!r}")
         self.max_tokens = max_tokens
         self.sequences: list[list[int]] = []
         self.n_tokens = 0
@@ -126,10 +128,12 @@ def check_settings(factor: float, max_match: int, ladder: Sequence[int]) -> tupl
     >>> check_settings(4.0, 64, (8, 1, 8))
     (1, 8)
     """
-    if factor <= 0:
-        raise ValueError(f"factor must be > 0, got {factor}")
-    if max_match < 1 or not ladder or min(ladder) < 1:
-        raise ValueError("max_match and every ladder length must be >= 1")
+    if not isinstance(factor, numbers.Real) or not 0 < factor < math.inf:
+        raise ValueError(f"factor must be a finite number > 0, got {factor!r}")
+    lengths = [max_match, *ladder]
+    if not ladder or not all(isinstance(m, numbers.Integral) and not isinstance(m, bool) and m >= 1 for m in lengths):
+        raise ValueError(f"max_match and every ladder length must be whole numbers >= 1, got max_match={max_match!r}, "
+                         f"ladder={tuple(ladder)!r}")
     return tuple(sorted(set(ladder)))
 
 
@@ -156,8 +160,8 @@ class SuffixDrafter:
         self.tokens.extend(check_token_list(tokens))
 
     def draft(self, k: int) -> list[int]:
-        if k < 0:
-            raise ValueError(f"k must be >= 0, got {k}")
+        if not isinstance(k, numbers.Integral) or k < 0:
+            raise ValueError(f"k must be a whole number >= 0, got {k!r}")
         history = self.history.sequences if self.history is not None else []
         found = find_match(self.tokens, history, ladder=self.ladder, max_match=self.max_match)
         self.match_length = found[2] if found else 0

@@ -219,3 +219,29 @@ def test_eos_as_the_first_token_and_bad_arguments():
     for draft_max in (-1, None, 2.5):   # None: before, a comparison TypeError from inside
         with pytest.raises(ValueError, match="draft_max must be a whole number >= 0"):
             speculative_generate(model, [1], 3, ForcedDrafter([], [(0, 0)]), draft_max)
+
+
+@pytest.mark.parametrize("generate", ["greedy", "speculative"])
+def test_arguments_that_are_not_token_ids_or_counts_are_refused_not_truncated(generate):
+    """A float prompt id used to be truncated (1.7 ran as 1), a fractional max_tokens to round up in greedy
+    (3.5 gave 4 tokens) and to fail deep inside the speculative loop, and ``eos=<one id>`` to fail with
+    "'int' object is not iterable"."""
+    from reference.ngram.drafter import NgramDrafter
+
+    model = tiny("llama", 0)
+
+    def run(prompt=(7, 8), max_tokens=3, eos=()):
+        if generate == "greedy":
+            return greedy_generate(model, prompt, max_tokens, eos=eos)
+        return speculative_generate(model, prompt, max_tokens, NgramDrafter(), 4, eos=eos)[0]
+
+    with pytest.raises(ValueError, match=r"the prompt must be token ids \(integers\): item 0 is 1.7"):
+        run(prompt=[1.7, 2])
+    with pytest.raises(ValueError, match="the prompt must be token ids .*item 0 is 'a'"):
+        run(prompt="ab")
+    for max_tokens in (3.5, True, None):
+        with pytest.raises(ValueError, match=r"max_tokens must be at least 1 \(a whole number\)"):
+            run(max_tokens=max_tokens)
+    with pytest.raises(ValueError, match=r"eos must be a collection of token ids, e.g. eos=\[256\]"):
+        run(eos=256)
+    assert run(prompt=np.array([7, 8]), max_tokens=np.int64(3), eos=np.array([], int)) == run()   # NumPy ints are fine

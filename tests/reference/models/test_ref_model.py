@@ -285,3 +285,36 @@ def test_a_config_that_does_not_match_the_weights_is_refused(arch, key, value, t
     with pytest.raises(ValueError, match=f"config.json does not match the weights: tensors? (of layer )?"
                                          f"[a-z_.0-9]+ .*config.json's {key}"):
         load_model(tmp_path)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3_5", "qwen3_next"])
+@pytest.mark.parametrize("key, value", [("num_attention_heads", 8), ("num_attention_heads", 3),
+                                        ("linear_num_key_heads", 1), ("linear_num_value_heads", 8),
+                                        ("linear_key_head_dim", 8), ("linear_value_head_dim", 8)])
+def test_head_counts_and_sizes_that_do_not_match_the_weights_are_refused_at_load(arch, key, value, tmp_path):
+    """These used to load and fail on the first forward with a broadcast or reshape error from inside the
+    attention or the GatedDeltaNet (check_shapes said the architectures read these sizes from the tensors)."""
+    if key.startswith("linear_") and arch == "llama":
+        pytest.skip("llama has no GatedDeltaNet layers")
+    src = tiny_dir(arch, 0)
+    config = json.loads((src / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, key: value}))
+    (tmp_path / "model.safetensors").symlink_to(src / "model.safetensors")
+    with pytest.raises(ValueError, match=f"config.json does not match the weights: tensor [A-Za-z_.0-9]+ .*"
+                                         f"config.json's .*{key}"):
+        load_model(tmp_path)
+
+
+def test_a_cache_from_another_model_is_refused_before_it_changes():
+    """It used to fail deep inside a layer (AttributeError, concatenate) after advancing the cache's offset,
+    or, for a float32 cache in a float64 model, to run the recurrence in float32 silently."""
+    llama, qwen = load_model(tiny_dir("llama", 0)), load_model(tiny_dir("qwen3_5", 0))
+    qwen64 = load_model(tiny_dir("qwen3_5", 0), np.float64)
+    for model, cache in ((llama, qwen.make_cache()), (qwen, llama.make_cache()), (qwen64, qwen.make_cache())):
+        with pytest.raises(ValueError, match="this cache was made by another model .*make_cache"):
+            model.forward([1, 2], cache)
+        assert cache.offset == 0 and cache.pending == 0
+    twin = load_model(tiny_dir("qwen3_5", 0))      # the same model loaded again: its caches are alike
+    cache = qwen.make_cache()
+    qwen.forward([1, 2], cache)
+    assert twin.forward([3], cache).shape == (1, 260) and cache.offset == 3
