@@ -8,8 +8,8 @@ import time
 
 from reference.atomic import check_outputs
 from mlx_backend.machine.backends import get_backend
-from mlx_backend.cli.ngram import (add_backend_arg, backend_name, check_format, check_input_file, load_cache_file,
-                                 save_cache_file)
+from mlx_backend.cli.ngram import (add_backend_arg, backend_name, check_cache_outputs, check_format, check_input_file,
+                                 load_cache_file, save_cache_file)
 
 FORMATS = ("ours", "llama")
 
@@ -31,7 +31,8 @@ def register(subparsers) -> None:
     p.add_argument("--to", choices=FORMATS, default="ours",
                    help="output format: ours (memory-mapped, default) or llama (llama.cpp's)")
     p.add_argument("--vocab-size", type=int, default=None,
-                   help="record this vocabulary size in our format's header (checked when the file is used)")
+                   help="record this vocabulary size (1..2**31) in our format's header, checked when the file is "
+                        "used (--to ours only: llama.cpp's format has no header)")
     p.add_argument("--force", action="store_true", help="overwrite OUTPUT if it exists")
     add_backend_arg(p)
     p.set_defaults(func=run_convert)
@@ -39,11 +40,14 @@ def register(subparsers) -> None:
 
 def run_convert(args: argparse.Namespace) -> int:
     check_input_file(args.input, "input cache file")
+    check_cache_outputs({"-o": args.output})
     check_outputs({"-o": args.output}, inputs=[args.input])
     if os.path.exists(args.output) and not args.force:
         raise ValueError(f"{args.output} exists; pass --force to overwrite it")
-    if args.vocab_size is not None and args.vocab_size <= 0:
-        raise ValueError(f"--vocab-size must be positive, got {args.vocab_size}")
+    if args.vocab_size is not None and not 0 < args.vocab_size <= 2**31:
+        raise ValueError(f"--vocab-size must be 1..2147483648 (token ids are int32), got {args.vocab_size}")
+    if args.vocab_size is not None and args.to != "ours":
+        raise ValueError("--vocab-size is recorded in our format's header; llama.cpp's has none: pass --to ours")
     backend = get_backend(args.backend)
     check_format(backend, args.to, "--to")
     t0 = time.perf_counter()
@@ -59,9 +63,7 @@ def run_convert(args: argparse.Namespace) -> int:
             if top >= args.vocab_size:
                 raise ValueError(f"token id {top} in {args.input} does not fit --vocab-size {args.vocab_size}")
             cache.vocab_size = args.vocab_size
-    else:  # the reference reads either format, writes llama.cpp's
-        if args.vocab_size:
-            raise ValueError("--vocab-size is recorded in our format's header: use --backend mlx --to ours")
+    else:  # the reference reads either format, writes llama.cpp's (check_format: --to ours needs mlx)
         cache = load_cache_file(backend, args.input, "input")
     save_cache_file(backend, cache, args.output, args.to)
     print(f"{args.input} -> {args.output} ({args.to}, backend {backend_name(backend)}): {len(cache)} n-grams, "

@@ -243,6 +243,16 @@ def check_format(backend, fmt: str, flag: str = "--format") -> None:
         raise UserError(f"{flag} {fmt} needs --backend mlx")
 
 
+def check_cache_outputs(outputs: dict[str, str | None]) -> None:
+    """Before any work: a cache file is written uncompressed, and every command reads a name ending in
+    ``.xz`` as xz-compressed, so a cache output (option -> path, ``None`` = not given) so named could
+    never be read back."""
+    for flag, path in outputs.items():
+        if path is not None and str(path).endswith(".xz"):
+            raise UserError(f"{flag} {path}: cache files are written uncompressed, and a name ending in .xz is "
+                            "read back as xz-compressed; drop the .xz (compress the file afterwards with xz -k)")
+
+
 def save_cache_file(backend, cache, path: str, fmt: str) -> None:
     if fmt == "llama":
         backend.save_cache(cache, path)
@@ -262,6 +272,19 @@ def check_static(backend, cache, path: str) -> None:
                         "2-grams only (make it with `ngram-spec create`; pass other caches as --dynamic)")
 
 
+def check_vocabulary(tokens, path: str, caches: dict[str, tuple[str, object]]) -> None:
+    """A cache file of our format that records its vocabulary size (``create --tokenizer``, ``convert
+    --vocab-size``) is checked when used: a token id of ``path`` at or above it comes from another
+    tokenizer, and replaying it against that cache would count drafts that mean nothing. ``caches``:
+    what -> (file, cache), ``None`` caches skipped."""
+    top = int(max(tokens)) if len(tokens) else -1
+    for what, (file, cache) in caches.items():
+        vocab = getattr(cache, "vocab_size", 0) if cache is not None else 0
+        if vocab and top >= vocab:
+            raise UserError(f"{path} holds token id {top}, outside the vocabulary of {vocab} tokens the {what} cache "
+                            f"{file} was built for: make the cache and the token file with the same tokenizer")
+
+
 # --- commands ------------------------------------------------------------------------------------
 
 def cmd_create(args) -> int:
@@ -270,6 +293,7 @@ def cmd_create(args) -> int:
     if args.tokens_out and (args.tokens_out.endswith(".xz") or Path(args.tokens_out).suffix in TEXT_SUFFIXES):
         raise UserError(f"--tokens-out {args.tokens_out}: a name that reads back as something else (.xz is "
                         "decompressed, a text suffix is tokenized); name it .i32 (raw little-endian int32) or .npy")
+    check_cache_outputs({"-o": args.output})
     check_outputs({"-o": args.output, "--tokens-out": args.tokens_out},
                   inputs=[args.input, args.tokenizer and tokenizer_file(args.tokenizer)])
     tokenizer = None
@@ -316,6 +340,7 @@ def cmd_stats(args) -> int:
     backend = get_backend(args.backend)
     if args.save_dynamic:
         check_format(backend, args.format)
+    check_cache_outputs({"--save-dynamic": args.save_dynamic})
     check_outputs({"--save-dynamic": args.save_dynamic, "--drafts-out": args.drafts_out},
                   inputs=[args.tokens, args.static, args.dynamic])
     tokens = read_input_tokens(backend, args.tokens)
@@ -325,6 +350,7 @@ def cmd_stats(args) -> int:
     load_ms = 1e3 * (time.perf_counter() - t0)  # t_draft_flat of lookup-stats
     if c_st is not None:
         check_static(backend, c_st, args.static)
+    check_vocabulary(tokens, args.tokens, {"static": (args.static, c_st), "dynamic": (args.dynamic, c_dyn)})
 
     extra = {}
     if "progress" in inspect.signature(backend.replay).parameters:
@@ -544,6 +570,7 @@ def cmd_stats_requests(args) -> int:
 def cmd_merge(args) -> int:
     backend = get_backend(args.backend)
     check_format(backend, args.format)
+    check_cache_outputs({"-o": args.output})
     check_outputs({"-o": args.output}, inputs=args.inputs)
     caches = [load_cache_file(backend, path, "input") for path in args.inputs]
     merged = backend.merge_caches(caches)

@@ -23,6 +23,8 @@ from reference.ngram.draft import SCORES
 from reference.ngram.drafter import check_static
 from reference.ngram.replay import ReplayStats, check_replay_args
 
+INT64_MAX = 2**63 - 1
+
 
 def replay(tokens, n_ctx: int = 4096, n_draft: int = 16, c_st=None, c_dyn=None, on_draft=None,
            score: str = "exact", progress=None) -> ReplayStats:
@@ -50,11 +52,16 @@ def replay(tokens, n_ctx: int = 4096, n_draft: int = 16, c_st=None, c_dyn=None, 
     inp = np.ascontiguousarray(inp, np.int32)
     N = inp.size
     n_chunks = max(0, -(-(N - n_ctx) // n_ctx)) if N > n_ctx else 0  # i_start + n_ctx < N
-    ctx = HashTable(NGRAM_MAX * n_ctx, NGRAM_MAX * n_ctx)  # c_dyn grows by doubling as chunks merge in
+    chunk = min(n_ctx, N)  # a chunk's length when there is one (N > n_ctx): tables for a huge n_ctx cost nothing
+    most = INT64_MAX // max(chunk - 1, 1)  # a chunk's drafted tokens, up to n_draft per call, are an int64 count
+    if n_draft > most:
+        raise ValueError(f"n_draft must be at most {most} here (the fast backend counts the up to n_draft x "
+                         f"(n_ctx - 1) tokens a chunk drafts in int64), got {n_draft}; --backend reference has no limit")
+    ctx = HashTable(NGRAM_MAX * chunk, NGRAM_MAX * chunk)  # c_dyn grows by doubling as chunks merge in
     record = on_draft is not None
-    rec_pos = np.zeros(n_ctx, np.int64)  # one chunk's draft calls (at most n_ctx - 1)
-    rec_k = np.zeros(n_ctx, np.int32)
-    rec_d = np.zeros(n_ctx if record else 1, np.int32)  # the drafts of one chunk, grown by the kernel
+    rec_pos = np.zeros(chunk, np.int64)  # one chunk's draft calls (at most n_ctx - 1)
+    rec_k = np.zeros(chunk, np.int32)
+    rec_d = np.zeros(chunk if record else 1, np.int32)  # the drafts of one chunk, grown by the kernel
     st_arrays = st.static_arrays()
     n_calls = n_drafted = n_accept = 0
     t_draft_ns = cpu_ns = 0
