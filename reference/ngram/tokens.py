@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import lzma
+import numbers
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -95,10 +96,16 @@ def check_tokens(tokens: np.ndarray, what: str = "tokens") -> None:
 
 
 def check_token_list(tokens: Iterable[int]) -> list[int]:
-    """``tokens`` as a list of Python ints, each checked to be a valid id (0 <= t <= 2**31-1)."""
+    """``tokens`` as a list of Python ints, each checked to be a valid id: an integer (a float is refused, not
+    truncated) with 0 <= t <= 2**31-1."""
     if isinstance(tokens, np.ndarray) and tokens.dtype == np.int32:
         check_tokens(tokens)
         return tokens.tolist()
+    tokens = list(tokens)
+    bad = next((i for i, t in enumerate(tokens) if not isinstance(t, numbers.Integral)), None)
+    if bad is not None:
+        raise ValueError(f"token id {tokens[bad]!r} at index {bad} is not an integer; token ids are integers "
+                         "(tokenize text first)")
     out = [int(t) for t in tokens]
     for i, t in enumerate(out):
         if not 0 <= t <= INT32_MAX:

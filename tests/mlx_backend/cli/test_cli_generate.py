@@ -117,7 +117,7 @@ def test_verbose_false_prints_only_the_text(models, capsys, backend):
 @pytest.mark.parametrize("flag, value, message", [
     ("--temp", "-1", "--temp must be a number >= 0"), ("--top-p", "2", "--top-p must be in (0, 1]"),
     ("--top-p", "0", "--top-p must be in (0, 1]"), ("--min-p", "1.5", "--min-p must be in [0, 1]"),
-    ("--top-k", "-1", "--top-k must be >= 0"), ("--max-kv-size", "0", "--max-kv-size must be at least 1"),
+    ("--top-k", "-1", "--top-k must be a whole number >= 0"), ("--max-kv-size", "0", "--max-kv-size must be at least 1"),
 ])
 def test_meaningless_sampling_arguments_get_one_line(models, capsys, backend, flag, value, message):
     assert main(["generate", "--backend", backend, "--model", str(models["llama"]), "--prompt", "hi",

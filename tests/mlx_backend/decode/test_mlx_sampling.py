@@ -96,7 +96,10 @@ def test_sampler_draws_like_make_sampler_with_the_same_arguments(kwargs):
 @pytest.mark.parametrize("kwargs, message", [(dict(temp=-1.0), "temp must be"), (dict(temp=float("nan")), "temp"),
                                              (dict(temp=1.0, top_p=0.0), "top_p must be in"),
                                              (dict(temp=1.0, top_p=2.0), "top_p"), (dict(min_p=1.5), "min_p"),
-                                             (dict(top_k=-1), "top_k"), (dict(min_tokens_to_keep=0), "min_tokens")])
+                                             (dict(top_k=-1), "top_k"), (dict(min_tokens_to_keep=0), "min_tokens"),
+                                             # before: taken, then argpartition's kth failed at the first draw
+                                             (dict(temp=1.0, top_k=2.5), "top_k must be a whole number"),
+                                             (dict(temp=1.0, min_tokens_to_keep=1.5), "min_tokens_to_keep must be a whole")])
 def test_sampler_refuses_meaningless_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         Sampler(**kwargs)

@@ -527,7 +527,7 @@ def test_a_port_in_use_or_an_unknown_host_is_one_line_before_the_model_loads(cap
 @pytest.mark.parametrize("argv, message", [
     (["--temp", "-1"], "--temp must be a number >= 0 (0 = greedy), got -1.0"),
     (["--top-p", "0"], "--top-p must be in (0, 1] (1 = off), got 0.0"),
-    (["--top-k", "-3"], "--top-k must be >= 0 (0 = off), got -3"),
+    (["--top-k", "-3"], "--top-k must be a whole number >= 0 (0 = off), got -3"),
     (["--min-p", "5"], "--min-p must be in [0, 1] (0 = off), got 5.0"),
     (["--prompt-cache-size", "-1"], "--prompt-cache-size must be >= 0"),
 ])

@@ -185,3 +185,21 @@ def test_npy_ids_outside_int32_are_refused_before_the_cast(tmp_path, bad):
         write_tokens(tmp_path / "u.i32", np.array([1, 2, bad, 3], np.int64))
     np.save(path, np.array([0, 2**31 - 1], np.uint64))
     assert read_tokens(path).tolist() == [0, 2**31 - 1]  # both bounds themselves are ids
+
+
+@pytest.mark.parametrize("bad, index", [([1.7, 2], 0), ([1, 2.0], 1), ([3, "4"], 1), (np.array([1.5, 2.0]), 0)])
+def test_token_ids_that_are_not_integers_are_refused_not_truncated(bad, index):
+    """Before: ``int()`` of each id, so 1.7 drafted as token 1 and "4" as token 4, silently; every drafter and
+    the replay take their tokens through ``check_token_list`` (the fast suffix drafter too)."""
+    from mlx_backend.suffix.drafter import SuffixDrafter as FastSuffixDrafter
+    from reference.suffix.drafter import SuffixDrafter
+
+    for drafter in (NgramDrafter(), SuffixDrafter(), FastSuffixDrafter()):
+        with pytest.raises(ValueError, match=rf"token id .* at index {index} is not an integer"):
+            drafter.reset(bad)
+    with pytest.raises(ValueError, match=rf"at index {index} is not an integer"):
+        replay(bad, n_ctx=2, n_draft=2)
+    drafter = NgramDrafter()
+    drafter.reset(np.array([1, 2, 3], np.int64))   # integer types of every kind are ids
+    drafter.extend([np.int32(1), 2])
+    assert drafter.tokens == [1, 2, 3, 1, 2]
