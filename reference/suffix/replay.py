@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from reference.ngram.tokens import check_token_list
 from reference.speculative import in_vocab
 
 
@@ -88,8 +89,15 @@ class ReplayResult:
 
 def replay_request(prompt: Sequence[int], output: Sequence[int], drafter, draft_max: int,
                    vocab_size: int | None = None, on_tokens: Callable[[int], None] | None = None) -> RequestReplay:
-    """Replay one request with ``drafter`` (the rule of the module docstring)."""
-    prompt, output = [int(t) for t in prompt], [int(t) for t in output]
+    """Replay one request with ``drafter`` (the rule of the module docstring). The prompt's and the output's
+    ids are checked here, each error naming the sequence and the id's index in it, not the drafter's step."""
+    checked = {}
+    for name, ids in (("prompt", prompt), ("output", output)):
+        try:
+            checked[name] = check_token_list(ids)
+        except ValueError as exc:
+            raise ValueError(f"the {name}: {exc}") from None
+    prompt, output = checked["prompt"], checked["output"]
     if not prompt:
         raise ValueError("the prompt is empty: generation needs at least one prompt token")
     if not output:

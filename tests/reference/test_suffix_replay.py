@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 import random
 
 import numpy as np
@@ -185,3 +186,20 @@ def test_the_replay_counts_what_speculative_generate_counts(seed, which):
         assert tokens == output
         r = replay_request(prompt, output, make(), k, vocab_size=V)
         assert (r.verify_steps, r.drafted, r.accepted) == (stats.steps, stats.n_drafted, stats.n_accept)
+
+
+@pytest.mark.parametrize("prompt, output, message", [
+    ([1, 2], [3, 4, -5], "the output: invalid token id -5 at index 2"),
+    ([1, 2], [3, 4, 2.5], "the output: token id 2.5 at index 2 is not an integer"),
+    ([1.5, 2], [3], "the prompt: token id 1.5 at index 0 is not an integer")])
+def test_a_bad_id_is_named_by_its_sequence_and_index(prompt, output, message):
+    """Before: the ids went to the drafter a step at a time, so a bad output id was reported at its index in
+    the step ("index 0"), a float was truncated, and a drafter that checks nothing never caught either."""
+    class Trusting:   # checks nothing: the replay must
+        def reset(self, tokens): pass
+        def extend(self, tokens): pass
+        def draft(self, k): return []
+
+    for drafter in (SuffixDrafter(), Trusting()):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            replay_request(prompt, output, drafter, 4)
