@@ -132,7 +132,8 @@ def _stops_remembered() -> Iterator[Callable[[], None]]:
 
 def precompile(progress: bool | None = None, with_model: bool = True) -> int:
     """Run :func:`commands` in a temporary directory (user cache directory there too, so nothing of the
-    user's is read or written), then :func:`compile_suffix_kernels`; output is discarded. Returns the
+    user's is read or written) on the mlx backend whatever ``$NGRAM_SPEC_BACKEND`` says (its kernels are
+    the ones to compile), then :func:`compile_suffix_kernels`; output is discarded. Returns the
     number of commands run. Ctrl-C and SIGTERM stop it with the temporary directory removed."""
     from unittest import mock
 
@@ -143,7 +144,8 @@ def precompile(progress: bool | None = None, with_model: bool = True) -> int:
 
     parser = build_parser()
     with _stops_remembered() as stop_if_signalled, tempfile.TemporaryDirectory(prefix="ngram-spec-precompile-") as tmp, \
-            mock.patch.dict(os.environ, {"NGRAM_SPEC_CACHE_DIR": str(Path(tmp) / "user-cache"), ENV_OFF: "1"}):
+            mock.patch.dict(os.environ, {"NGRAM_SPEC_CACHE_DIR": str(Path(tmp) / "user-cache"), ENV_OFF: "1",
+                                         "NGRAM_SPEC_BACKEND": "mlx"}):
         runs = commands(Path(tmp), with_model)
         for argv in tqdm(runs, desc="compile kernels", unit="command",
                          disable=None if progress is None else not progress):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+from pathlib import Path
 
 
 def register(subparsers) -> None:
@@ -23,13 +25,42 @@ def register(subparsers) -> None:
                    help="qwen3_5 / qwen3_next: hybrid GatedDeltaNet + attention; llama: attention only; "
                         "llama_sliding: llama with sliding-window layers (the last 4 tokens)")
     p.add_argument("--seed", type=int, default=0, help="random seed of the weights (default: %(default)s)")
-    p.add_argument("-o", "--out", required=True, metavar="DIR", help="directory to write (created if needed)")
+    p.add_argument("-o", "--out", required=True, metavar="DIR",
+                   help="directory to write (created if needed): new, empty, or an earlier tiny model's, "
+                        "which is replaced")
     p.set_defaults(func=cmd_tiny_model)
+
+
+# what write_tiny_model writes
+TINY_FILES = frozenset({"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"})
+
+
+def check_out(out: str) -> None:
+    """Refuse an ``--out`` folder that holds something and is not an earlier tiny model (only
+    :data:`TINY_FILES`, with a tiny ``config.json``): a real model's config and weights would be
+    replaced, and its other files (shards, tokenizer, generation config) left to load with the tiny
+    model. A new or empty folder is fine; an earlier tiny model is replaced."""
+    from mlx_backend.cli import UserError
+    from reference.models.tiny import ARCHS, tiny_config
+
+    if not os.path.isdir(out) or not os.listdir(out):
+        return
+    others = sorted(set(os.listdir(out)) - TINY_FILES)
+    try:
+        tiny = json.loads(Path(out, "config.json").read_text()) in [tiny_config(arch) for arch in ARCHS]
+    except (OSError, ValueError):
+        tiny = False
+    if others or not tiny:
+        held = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "") if others \
+            else "a config.json that is not a tiny model's"
+        raise UserError(f"--out {out} is not empty and not an earlier tiny model (it holds {held}); give a new "
+                        "or empty folder")
 
 
 def cmd_tiny_model(args) -> int:
     from reference.models.tiny import write_tiny_model
 
+    check_out(args.out)
     out = write_tiny_model(args.out, args.arch, seed=args.seed)
     config = json.loads((out / "config.json").read_text())
     print(f"wrote a tiny {args.arch} model (seed {args.seed}, {config['num_hidden_layers']} layers, "

@@ -23,20 +23,27 @@ def default_backend() -> str:
 
 def get_backend(name: str | None = None):
     """The object implementing the n-gram API for ``name`` (default: ``$NGRAM_SPEC_BACKEND``, else
-    :func:`default_backend`).
+    :func:`default_backend`). A name that names nothing is a ``ValueError`` saying where it came from
+    (the variable, when no name was given) and what to give instead.
 
     >>> get_backend("reference").__name__
     'reference.ngram.api'
     """
+    source = "" if name or not os.environ.get("NGRAM_SPEC_BACKEND") else " (from $NGRAM_SPEC_BACKEND)"
     name = name or os.environ.get("NGRAM_SPEC_BACKEND") or default_backend()
     module_name, _, attr = BACKENDS.get(name, name).partition(":")
     if name not in BACKENDS and "." not in module_name and not attr:
-        raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)} or module.path:object")
+        raise ValueError(f"unknown backend {name!r}{source}; choose one of {', '.join(BACKENDS)} "
+                         "or module.path:object")
     try:
         impl = importlib.import_module(module_name)
     except ImportError as exc:
         hint = "install it with: pip install 'ngram-spec[mlx]'" if name == "mlx" else "is it installed?"
-        raise ValueError(f"backend {name!r} is not available ({exc}); {hint}") from exc
+        raise ValueError(f"backend {name!r}{source} is not available ({exc}); {hint}") from exc
     for part in filter(None, attr.split(".")):
-        impl = getattr(impl, part)
+        try:
+            impl = getattr(impl, part)
+        except AttributeError:
+            raise ValueError(f"backend {name!r}{source}: {module_name} has no {attr!r}; give module.path:object "
+                             f"naming an object of {module_name}, or one of {', '.join(BACKENDS)}") from None
     return impl

@@ -337,9 +337,13 @@ def first_working(found: list[tuple[str, dict[str, str]]], *, cpuinfo: Path | No
 def ensure_fast_blas(argv: list[str], choice: str | None = None, *, module: str = "mlx_backend.cli", log=None) -> None:
     """Re-execute ``python -m module *argv`` with an optimized BLAS interposed when
     :func:`candidates` offers one that works on this CPU (never returns then); otherwise return,
-    after a note on stderr when the bundled reference BLAS stays. ``choice`` defaults to
-    ``$NGRAM_SPEC_BLAS`` or ``auto``. Call it before the model is loaded: the process is replaced."""
+    after a note on stderr naming what to do when the bundled reference BLAS stays. ``choice``
+    defaults to ``$NGRAM_SPEC_BLAS`` (refused, naming the variable, when it is not a choice) or ``auto``.
+    Call it before the model is loaded: the process is replaced."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    if not choice and os.environ.get(ENV_CHOICE) and not _is_choice(os.environ[ENV_CHOICE]):
+        raise ValueError(f"${ENV_CHOICE} is {os.environ[ENV_CHOICE]!r}, neither one of {', '.join(CHOICES)} nor an "
+                         "existing library file; set it to one, or unset it for auto")
     choice = choice or os.environ.get(ENV_CHOICE) or "auto"
     if os.environ.get(REEXEC_MARK):
         if choice != "bundled" and blas_in_use().startswith("reference"):
@@ -349,8 +353,11 @@ def ensure_fast_blas(argv: list[str], choice: str | None = None, *, module: str 
     found = candidates(choice)
     if not found:
         if choice == "auto" and sys.platform.startswith("linux") and blas_in_use().startswith("reference"):
-            log(f"[blas] mlx's bundled reference BLAS: every verified token costs about a full step here; "
-                f"pip install {WHEEL} (or apt-get install libopenblas0-pthread) for the fast configuration")
+            fix = (f"no {GFORTRAN} for the {WHEEL} wheel that is installed: mlx-cpu bundles none here, or "
+                   f"{cache_dir()} is not a writable folder (set NGRAM_SPEC_CACHE_DIR to one)"
+                   if wheel_openblas() is not None else
+                   f"pip install {WHEEL} (or apt-get install libopenblas0-pthread) for the fast configuration")
+            log(f"[blas] mlx's bundled reference BLAS: every verified token costs about a full step here; {fix}")
         return
     chosen = first_working(found, log=log)
     if chosen is None:

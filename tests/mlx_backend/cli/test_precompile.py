@@ -173,3 +173,15 @@ def test_a_signal_delivered_again_does_not_cut_the_cleanup_short(tmp_path, monke
         pc.precompile(progress=False)
     time.sleep(0.1)   # no delivery is left over to land after precompile returned
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("backend", ["reference", "bogus"])
+def test_precompile_compiles_the_mlx_kernels_whatever_the_backend_variable_says(monkeypatch, backend):
+    """``$NGRAM_SPEC_BACKEND`` set for the user's other commands does not reach precompile's own runs
+    (before: ``reference`` failed on ``create --format ours needs --backend mlx``, an unknown name on
+    ``unknown backend``, though precompile's --backend is mlx only)."""
+    pytest.importorskip("numba")
+    from mlx_backend.cli.precompile import precompile
+
+    monkeypatch.setenv("NGRAM_SPEC_BACKEND", backend)
+    assert precompile(progress=False, with_model=False) == 8

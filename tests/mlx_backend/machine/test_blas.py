@@ -350,3 +350,35 @@ def test_generate_falls_back_from_a_bad_blas_and_succeeds(fake_blas, tmp_path, k
     assert lines[0].endswith("running on mlx's bundled reference BLAS")
     again = _generate(tmp_path, str(fake_blas[kind]))                       # the verdict is kept: no second check
     assert again.returncode == 0 and [line for line in again.stderr.splitlines() if line.startswith("[blas]")] == lines
+
+
+@linux_x86
+def test_a_cache_directory_that_is_a_file_is_named_as_the_fix_not_installing_the_wheel(libs, monkeypatch, tmp_path):
+    """``auto`` with the wheel installed but ``$NGRAM_SPEC_CACHE_DIR`` unusable (a file here) stays on the bundled
+    BLAS with a note naming the cache directory (before: "pip install ngsolve-openblas", which is installed)."""
+    system, wheel, install = libs
+    install(wheel)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("NGRAM_SPEC_CACHE_DIR", str(blocker))
+    monkeypatch.setattr(blas, "blas_in_use", lambda: "reference BLAS (bundled with mlx-cpu)")
+    monkeypatch.delenv(blas.REEXEC_MARK, raising=False)
+    notes = []
+    blas.ensure_fast_blas(["demo"], "auto", log=notes.append)
+    note, = notes
+    assert f"{blocker} is not a writable folder (set NGRAM_SPEC_CACHE_DIR to one)" in note
+    assert "pip install" not in note
+    blocker.unlink()                                     # without the wheel the note still says how to get it
+    wheel.unlink()
+    notes.clear()
+    blas.ensure_fast_blas(["demo"], "auto", log=notes.append)
+    assert "pip install ngsolve-openblas" in notes[0]
+
+
+def test_a_bad_blas_variable_is_refused_naming_the_variable(monkeypatch):
+    """(before: "unknown BLAS choice 'foo'", which a user who gave no --blas could not place); --blas wins."""
+    monkeypatch.setenv(blas.ENV_CHOICE, "foo")
+    monkeypatch.delenv(blas.REEXEC_MARK, raising=False)
+    with pytest.raises(ValueError, match=r"^\$NGRAM_SPEC_BLAS is 'foo', neither one of auto, .* unset it for auto"):
+        blas.ensure_fast_blas(["demo"], log=lambda msg: None)
+    blas.ensure_fast_blas(["demo"], "bundled", log=lambda msg: None)   # nothing to do, no error
