@@ -536,6 +536,8 @@ def cmd_stats_requests(args) -> int:
     c_dyn = load_cache_file(backend, args.dynamic, "dynamic") if args.dynamic else None
     if c_st is not None:
         check_static(backend, c_st, args.static)
+    check_vocabulary([max(max(p), max(o)) for p, o in requests], args.requests,
+                     {"static": (args.static, c_st), "dynamic": (args.dynamic, c_dyn)})
     make, new_history, suffix_impl = request_drafters(backend, args.drafter, c_st, c_dyn, args.score)
     history = new_history() if args.history == "requests" else None
     replay_requests([([0, 1, 0, 1], [0, 1, 0, 1])], make, 2)  # compile (numba) outside the timed replay

@@ -93,3 +93,21 @@ def test_stats_refuses_token_ids_beyond_the_vocabulary_a_cache_records(capsys, t
     write_tokens(toks, [1, 2, 3, 7] * 5)
     rc, _, err = run(capsys, "stats", toks, "--n-ctx", 4, flag, cache, "--backend", backend)
     assert rc == 0, err
+
+
+@pytest.mark.parametrize("backend", ["reference", "mlx"])
+def test_stats_requests_refuses_token_ids_beyond_the_vocabulary_a_cache_records(capsys, tmp_path, backend):
+    """As for a token file: the requests' ids are checked against a --static / --dynamic cache's recorded
+    size (before: replayed silently with drafts from a cache of another tokenizer)."""
+    cache, requests = tmp_path / "v8.ngc", tmp_path / "r.jsonl"
+    assert run(capsys, "convert", V("syn-static.bin"), "-o", cache, "--vocab-size", 8)[0] == 0
+    for flag in ("--static", "--dynamic"):
+        requests.write_text(json.dumps({"prompt": [1, 2, 3], "output": [1, 2, 8]}) + "\n")
+        rc, _, err = run(capsys, "stats", "--requests", requests, "--drafter", "lookup", flag, cache,
+                         "--backend", backend)
+        assert rc == 2 and f"{requests} holds token id 8, outside the vocabulary of 8 tokens the {flag[2:]} " \
+                           f"cache {cache} was built for" in err, err
+        requests.write_text(json.dumps({"prompt": [1, 2, 3], "output": [1, 2, 7]}) + "\n")
+        rc, _, err = run(capsys, "stats", "--requests", requests, "--drafter", "lookup", flag, cache,
+                         "--backend", backend)
+        assert rc == 0, err
