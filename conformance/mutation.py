@@ -151,8 +151,7 @@ OUT_OF_REACH: dict[tuple[str, str], str] = {
     ("mlx_backend/decode/generate.py", "stats.leave_plain += 1"): _STATS,
     ("mlx_backend/decode/generate.py", "stats.enter_plain += 1"): _STATS,
     ("reference/ngram/replay.py", "t_draft_us = t_draft_ns / 1e3"): _TIMING,
-    ("reference/suffix/drafter.py",
-     "if not ladder or not all(isinstance(m, numbers.Integral) and not isinstance(m, bool) and m >= 1 for m in lengths):"):
+    ("reference/suffix/drafter.py", "if not ladder or not all(is_whole(m) and m >= 1 for m in lengths):"):
         "SuffixDrafter's ladder argument: the protocol's suffix_drafter drafts with the rule's ladder (checked by "
         "suffix.ladder_lengths_are_the_rules) and passes none",
     ("reference/ngram/replay.py", "progress(i_start + n_ctx, len(chunk_starts) * n_ctx)"):

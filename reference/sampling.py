@@ -2,11 +2,7 @@
 them (``mlx_lm/sample_utils.py``): temperature, top-p, min-p, top-k, min-tokens-to-keep."""
 from __future__ import annotations
 
-import numbers
-
-
-def _whole(n) -> bool:
-    return isinstance(n, numbers.Integral) and not isinstance(n, bool)
+from reference.ngram.tokens import is_whole
 
 
 def check_sampling(temp: float, top_p: float = 1.0, min_p: float = 0.0, top_k: int = 0,
@@ -18,8 +14,8 @@ def check_sampling(temp: float, top_p: float = 1.0, min_p: float = 0.0, top_k: i
     rules = (("temp", temp, 0 <= temp < float("inf"), "a number >= 0 (0 = greedy)"),
              ("top_p", top_p, 0 < top_p <= 1, "in (0, 1] (1 = off)"),
              ("min_p", min_p, 0 <= min_p <= 1, "in [0, 1] (0 = off)"),
-             ("top_k", top_k, _whole(top_k) and top_k >= 0, "a whole number >= 0 (0 = off)"),
-             ("min_tokens_to_keep", min_tokens_to_keep, _whole(min_tokens_to_keep) and min_tokens_to_keep >= 1,
+             ("top_k", top_k, is_whole(top_k) and top_k >= 0, "a whole number >= 0 (0 = off)"),
+             ("min_tokens_to_keep", min_tokens_to_keep, is_whole(min_tokens_to_keep) and min_tokens_to_keep >= 1,
               "a whole number >= 1"))
     for name, value, ok, rule in rules:
         if not ok:

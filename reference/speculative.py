@@ -35,6 +35,8 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from reference.ngram.tokens import is_whole
+
 REFERENCE_DRAFT_MAX = 16  # the reference's fixed draft length: llama.cpp's --draft-max default
 
 
@@ -60,10 +62,6 @@ class SpecStats:
         return 100.0 * self.n_accept / self.n_drafted if self.n_drafted else 0.0
 
 
-def _whole(n) -> bool:
-    return isinstance(n, numbers.Integral) and not isinstance(n, bool)
-
-
 def _check(prompt: Sequence[int], max_tokens: int, eos: Iterable[int]) -> tuple[list[int], set[int]]:
     """The arguments both loops share, checked: ``prompt`` a non-empty sequence of integer token ids (a float
     is refused, not truncated), ``max_tokens`` a whole number >= 1, ``eos`` a collection of token ids."""
@@ -74,7 +72,7 @@ def _check(prompt: Sequence[int], max_tokens: int, eos: Iterable[int]) -> tuple[
     if bad is not None:
         raise ValueError(f"the prompt must be token ids (integers): item {bad} is {prompt[bad]!r}; "
                          "tokenize text first")
-    if not _whole(max_tokens) or max_tokens < 1:
+    if not is_whole(max_tokens) or max_tokens < 1:
         raise ValueError(f"max_tokens must be at least 1 (a whole number), got {max_tokens!r}")
     if isinstance(eos, numbers.Integral):
         raise ValueError(f"eos must be a collection of token ids, e.g. eos=[{eos}], not one id")
@@ -126,7 +124,7 @@ def speculative_generate(model, prompt: Sequence[int], max_tokens: int, drafter,
     ``on_tokens(new_tokens)`` (optional) is called with the tokens of each step as they are emitted.
     """
     prompt, eos = _check(prompt, max_tokens, eos)
-    if not _whole(draft_max) or draft_max < 0:
+    if not is_whole(draft_max) or draft_max < 0:
         raise ValueError(f"draft_max must be a whole number >= 0 (the reference has no cost-aware choice), "
                          f"got {draft_max!r}")
     stats = SpecStats()

@@ -9,7 +9,6 @@ Where drafting does not pay, it decodes plainly, pipelined like ``mlx_lm.generat
 """
 from __future__ import annotations
 
-import numbers
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generator, Optional, Union
@@ -24,6 +23,7 @@ from mlx_backend.decode.draft_policy import DEFAULT_K_MAX, DraftPolicy, FixedDra
 from mlx_backend.decode.rollback import VerifyCache
 from mlx_backend.decode.sampling import greedy, verify_drafts
 from reference.drafter import Drafter
+from reference.ngram.tokens import is_whole
 from reference.suffix.auto import DEFAULT_DRAFTER, DRAFTERS
 from reference.speculative import in_vocab
 
@@ -77,11 +77,6 @@ def vocab_size(model: nn.Module) -> Optional[int]:
         if isinstance(module, (nn.Embedding, nn.QuantizedEmbedding)) and name.endswith("embed_tokens"):
             return int(module.weight.shape[0])
     return getattr(getattr(model, "args", None), "vocab_size", None)
-
-
-def is_whole(x) -> bool:
-    """An integer (Python's or NumPy's), not a bool."""
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 def as_token_ids(prompt) -> list[int]:
@@ -176,9 +171,9 @@ class _Run:
         self.stats.policy = self.policy.summary()
         self.history = list(self.prompt)
         self.n_out = 0
-        # this run's tokens in the cache, and the prompt's plus those the consumer got: the cache must hold
-        # the latter when the run ends (finish)
-        self.n_cached, self.n_seen, self.last_seen = 0, len(self.prompt), self.prompt[-1]
+        # this run's tokens in the cache; when the run ends it must hold the prompt and the n_out tokens the
+        # consumer got, history[:len(prompt) + n_out] (a step's tokens are learned before they are yielded)
+        self.n_cached = 0
         self.t_start = time.perf_counter()
 
     def more(self) -> bool:
@@ -226,13 +221,11 @@ class _Run:
         self.stats.t_rollback += seconds
         return seconds
 
-    def give(self, token: int) -> None:
-        """Count ``token`` as the consumer's, just before it is yielded (the first: the prompt is done)."""
+    def give(self) -> None:
+        """Count the next token as the consumer's, just before it is yielded (the first: the prompt is done)."""
         if self.n_out == 0:
             self.progress(len(self.prompt), len(self.prompt))
         self.n_out += 1
-        self.n_seen += 1
-        self.last_seen = token
 
     def learn(self, proposal: list[int], emitted: list[int]) -> None:
         """One step done: the policy, the drafter and the history learn its tokens; the step is counted."""
@@ -296,7 +289,7 @@ class _Run:
             stats.plain_steps += 1
             stats.draft_lengths[0] = stats.draft_lengths.get(0, 0) + 1
             self.learn(proposal, [t])
-            self.give(t)
+            self.give()
             yield t, logprobs, False
             if leave:
                 if not at_end:
@@ -313,7 +306,7 @@ class _Run:
         got = 0
         try:
             for i, (token, lp) in enumerate(zip(emitted, logprobs)):
-                self.give(token)
+                self.give()
                 got += 1
                 yield token, lp, i < n_accept
         finally:
@@ -324,9 +317,10 @@ class _Run:
         every token the consumer got, as ``mlx_lm.generate.generate_step`` leaves it, so that a next turn
         feeds only its new tokens. The last token is fed if no step had fed it (one more forward, as
         ``generate_step`` runs one for its last token)."""
-        if self.callers_cache and self.n_cached == self.n_seen - 1:
+        n_seen = len(self.prompt) + self.n_out
+        if self.callers_cache and self.n_cached == n_seen - 1:
             with mx.stream(generation_stream):
-                self.model(mx.array([[self.last_seen]], mx.uint32), cache=self.cache)
+                self.model(mx.array([[self.history[n_seen - 1]]], mx.uint32), cache=self.cache)
                 mx.async_eval([c.state for c in self.cache])   # as generate_step's: waited for at the next use
             self.n_cached += 1
 

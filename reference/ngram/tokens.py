@@ -95,6 +95,11 @@ def check_tokens(tokens: np.ndarray, what: str = "tokens") -> None:
                          f"({negative.size} negative ids); token ids must be >= 0")
 
 
+def is_whole(x) -> bool:
+    """An integer (Python's or NumPy's), not a bool: what a token id, a count or a length must be."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
 def check_token_list(tokens: Iterable[int]) -> list[int]:
     """``tokens`` as a list of Python ints, each checked to be a valid id: an integer (a float is refused, not
     truncated) with 0 <= t <= 2**31-1."""

@@ -52,7 +52,7 @@ import math
 import numbers
 from collections.abc import Iterable, Sequence
 
-from reference.ngram.tokens import check_token_list
+from reference.ngram.tokens import check_token_list, is_whole
 
 LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # suffix lengths searched, longest first
 MAX_MATCH = 64                                       # the longest match measured (L <= MAX_MATCH)
@@ -131,7 +131,7 @@ def check_settings(factor: float, max_match: int, ladder: Sequence[int]) -> tupl
     if not isinstance(factor, numbers.Real) or not 0 < factor < math.inf:
         raise ValueError(f"factor must be a finite number > 0, got {factor!r}")
     lengths = [max_match, *ladder]
-    if not ladder or not all(isinstance(m, numbers.Integral) and not isinstance(m, bool) and m >= 1 for m in lengths):
+    if not ladder or not all(is_whole(m) and m >= 1 for m in lengths):
         raise ValueError(f"max_match and every ladder length must be whole numbers >= 1, got max_match={max_match!r}, "
                          f"ladder={tuple(ladder)!r}")
     return tuple(sorted(set(ladder)))
