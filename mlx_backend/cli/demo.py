@@ -179,6 +179,11 @@ def demo_records(model, tokenizer, prompts=DEMO_PROMPTS, *, max_tokens: int = 96
     return records
 
 
+def cost_curve(rel) -> str:
+    """The verify costs relative to a one-token step, as every report prints them."""
+    return f"c(S)/c(1), S = 1..{len(rel)}: " + " ".join(f"{c:.2f}" for c in rel)
+
+
 def describe_costs(model, prefix: str = "") -> str:
     """One line: the verify costs c(S)/c(1) learned so far for ``model`` on this machine, and where they are kept."""
     from mlx_backend.decode.draft_policy import cost_file, learned_costs
@@ -190,8 +195,8 @@ def describe_costs(model, prefix: str = "") -> str:
         return (f"{prefix}verify costs not known yet for this model and machine: learned from the real steps "
                 f"while generating (no separate measurement), kept in {cost_file()}")
     costs, c_p = estimate
-    return (f"{prefix}verify cost c(S)/c(1), S = 1..{len(costs)}: " + " ".join(f"{c / costs[0]:.2f}" for c in costs)
-            + f"; plain step {c_p * 1e3:.0f} ms (timed S: {timed}; kept in {cost_file()})")
+    return (f"{prefix}verify cost {cost_curve([c / costs[0] for c in costs])}; plain step {c_p * 1e3:.0f} ms "
+            f"(timed S: {timed}; kept in {cost_file()})")
 
 
 def _no_drafts_note(reason: str, names: list[str], policy: dict | None, blas: str | None) -> str:
@@ -207,8 +212,7 @@ def _no_drafts_note(reason: str, names: list[str], policy: dict | None, blas: st
     note = which + "the cost-aware draft policy (mlx_backend/decode/draft_policy.py) chose k = 0 at every step, "
     if not costs:
         return note + f"the verify costs not being learned yet, {plain}."
-    note += (f"no draft length beating a plain step at the learned verify costs c(S)/c(1), S = 1..{len(costs)}: "
-             + " ".join(f"{c:.2f}" for c in costs))
+    note += f"no draft length beating a plain step at the learned verify costs {cost_curve(costs)}"
     if len(costs) > 1 and costs[1] >= 1.5 and (blas or "").startswith("reference"):   # a row costs ~a step
         note += (". With this BLAS verifying k drafted tokens costs about k more steps, as much time as the "
                  "accepted drafts save (mlx's bundled reference BLAS does that; an optimized one, --blas auto, "

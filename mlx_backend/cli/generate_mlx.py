@@ -10,7 +10,7 @@ import threading
 
 import mlx.core as mx
 
-from mlx_backend.cli.demo import describe_costs
+from mlx_backend.cli.demo import cost_curve, describe_costs
 from mlx_backend.cli.generate_record import drafter_name, generation_record, lookup_part
 from mlx_backend.cli.prompts import prompt_tokens, read_stdin_prompt
 from mlx_backend.machine.blas import blas_in_use, ensure_fast_blas
@@ -99,9 +99,8 @@ def _describe_costs(args, model, stats) -> str:
     prefix = "[generate] draft length: cost-aware; "
     if not getattr(args, "shard", None):
         return describe_costs(model, prefix)
-    costs = stats.policy["cost_rel"]
-    return (f"{prefix}verify cost c(S)/c(1), S = 1..{len(costs)}: " + " ".join(f"{c:.2f}" for c in costs)
-            + " (rank 0's, measured on the shards before generating; --shard keeps no costs for later runs)")
+    return (f"{prefix}verify cost {cost_curve(stats.policy['cost_rel'])} (rank 0's, measured on the shards before "
+            "generating; --shard keeps no costs for later runs)")
 
 
 class LocalRun:
