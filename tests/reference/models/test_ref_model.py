@@ -270,16 +270,21 @@ def test_forward_rejects_bad_tokens():
         model.forward([], model.make_cache())
 
 
+def with_config(out: Path, arch: str, key: str, value) -> None:
+    """In ``out``: the tiny ``arch`` model's weights (linked) under its config.json with ``key`` set to ``value``."""
+    src = tiny_dir(arch, 0)
+    config = json.loads((src / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, key: value}))
+    (out / "model.safetensors").symlink_to(src / "model.safetensors")
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("key, value", [("hidden_size", 32), ("vocab_size", 300), ("intermediate_size", 80),
                                         ("num_key_value_heads", 4), ("num_hidden_layers", 1)])
 def test_a_config_that_does_not_match_the_weights_is_refused(arch, key, value, tmp_path):
     """mlx-lm refuses these; the reference used to run them silently (sizes read from the tensors, layers
     beyond num_hidden_layers ignored). The error names a tensor and the config key."""
-    src = tiny_dir(arch, 0)
-    config = json.loads((src / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**config, key: value}))
-    (tmp_path / "model.safetensors").symlink_to(src / "model.safetensors")
+    with_config(tmp_path, arch, key, value)
     with pytest.raises(ValueError, match=f"config.json does not match the weights: tensors? (of layer )?"
                                          f"[a-z_.0-9]+ .*config.json's {key}"):
         load_model(tmp_path)
@@ -293,10 +298,7 @@ def test_a_config_that_does_not_match_the_weights_is_refused(arch, key, value, t
 def test_head_counts_and_sizes_that_do_not_match_the_weights_are_refused_at_load(arch, key, value, tmp_path):
     """These used to load and fail on the first forward with a broadcast or reshape error from inside the
     attention or the GatedDeltaNet (check_shapes said the architectures read these sizes from the tensors)."""
-    src = tiny_dir(arch, 0)
-    config = json.loads((src / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**config, key: value}))
-    (tmp_path / "model.safetensors").symlink_to(src / "model.safetensors")
+    with_config(tmp_path, arch, key, value)
     with pytest.raises(ValueError, match=f"config.json does not match the weights: tensor [A-Za-z_.0-9]+ .*"
                                          f"config.json's .*{key}"):
         load_model(tmp_path)
