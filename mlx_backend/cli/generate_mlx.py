@@ -66,6 +66,8 @@ def run_generate(args) -> int:
         text.append(last.text)
         if not args.json:
             print(last.text, end="", flush=True)
+    if not args.json:
+        print(flush=True)   # the text's line ends before any note on stderr (a terminal shows both)
     n_emitted = len(tokens)
     if tokens and last.finish_reason == "stop":
         tokens.pop()  # the EOS token, not part of the text (mlx-lm's convention)
@@ -209,7 +211,6 @@ def _responses(args, model, tokenizer, prompt, run):
 
 def _print_summary(args, record: dict, prompt, tokens, stats, draft: str, desc: str) -> None:
     """mlx_lm.generate's statistics after the text (--verbose), plus the speculation's."""
-    print()
     if not args.verbose:
         return
     print("==========")

@@ -153,6 +153,18 @@ def test_prompt_from_stdin_survives_the_blas_re_run(models):
         assert json.loads(proc.stdout)["prompt_tokens"] == len(text.encode()), (blas, proc.stdout)
 
 
+def test_the_text_line_ends_before_the_notes_on_stderr(models):
+    """In a terminal stdout and stderr share the screen: the cost note used to follow the text on its own
+    line ("...welcome[generate] draft length: ..."), the newline only coming after it."""
+    proc = subprocess.run([sys.executable, "-m", "mlx_backend.cli", "generate", "--model", str(models["llama"]),
+                           "--prompt", "the cat sat on the mat. the cat", "--ignore-chat-template",
+                           "--max-tokens", "6", "--blas", "bundled", "--verbose", "F"],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout
+    note = proc.stdout.index("[generate] draft length")
+    assert note > 0 and proc.stdout[note - 1] == "\n", proc.stdout
+
+
 @pytest.mark.parametrize("backend", ["reference", "mlx"])
 def test_a_prompt_that_is_not_utf8_gets_one_line(models, capsys, backend):
     """Bytes that are not UTF-8 reach Python as lone surrogates (``surrogateescape``); before, the tokenizer
