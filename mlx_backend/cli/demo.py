@@ -264,17 +264,18 @@ def run_demo(args) -> int:
     records = demo_records(model, tokenizer, max_tokens=args.max_tokens, draft_max=args.draft_max, log=log)
     setup = {"model": desc, "blas": blas_in_use(), "max_tokens": args.max_tokens,
              "draft_max": "auto" if args.draft_max is None else args.draft_max}
+    rc = 0 if all(r["identical"] or r["divergence"]["near_tie"] for r in records) else 1
     if args.json:
         for r in records:
             print(json.dumps({**r, **setup}))
-        return 0
+        return rc
     print(format_table(records, setup["blas"]))
     print(f"\nmodel: {setup['model']}   BLAS: {setup['blas']}   draft: {setup['draft_max']}   "
           f"greedy, up to {args.max_tokens} tokens; tok/s include the prompt's prefill")
     if args.show_text:
         for r in records:
             print(f"\n--- {r['prompt']} ---\n{r['plain_text']}")
-    return 0 if all(r["identical"] or r["divergence"]["near_tie"] for r in records) else 1
+    return rc
 
 
 # --- generate --backend mlx ----------------------------------------------------------------------

@@ -206,6 +206,20 @@ def test_table_without_runs_lacking_drafts_has_no_footnote():
     assert "0.91x" in table.splitlines()[3] and "no drafts" not in table and len(table.splitlines()) == 4
 
 
+@pytest.mark.parametrize("near_tie, rc", [(False, 1), (True, 0)])
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+def test_demo_exit_code_says_whether_outputs_differ(monkeypatch, capsys, near_tie, rc, json_flag):
+    """Exit code 1 when spec and plain differ other than at a near-tie, with or without --json (before, the
+    --json branch returned 0 whatever the outputs)."""
+    differ = {**record("edit-code", 4), "identical": False, "plain_text": "x",
+              "divergence": {"index": 2, "top2_gap": 0.5, "near_tie": near_tie}}
+    monkeypatch.setattr(mlx_cli, "load_model", lambda model, dtype: (None, None, "stub"))
+    monkeypatch.setattr(mlx_cli, "demo_records", lambda *a, **k: [differ])
+    assert main(["demo", "--blas", "bundled", *json_flag]) == rc
+    out = capsys.readouterr().out
+    assert (json.loads(out)["identical"] is False) if json_flag else ("edit-code" in out)
+
+
 def _generate(capsys, *extra) -> dict:
     assert main(["generate", "--max-tokens", "14", "--json", *extra]) == 0
     (record,) = _records(capsys)
