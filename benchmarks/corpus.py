@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
-from reference.atomic import atomic_write  # noqa: E402
+from reference.atomic import atomic_files  # noqa: E402
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 PACKAGES = (
@@ -288,17 +288,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"corpus: error: all {len(docs)} documents fit the held-out set of ~{args.test_bytes} bytes, none is left "
               "to train on; use a larger text or a smaller --test-bytes", file=sys.stderr)
         return 1
+    splits = {}
     for split_name, part in (("test", test), ("train", train)):
-        ids = tokenize(part, encode_batch, f"tokenize {split_name}")
-        with atomic_write(args.out / f"{split_name}.i32") as f:
-            f.write(ids.astype("<i4").tobytes())
+        splits[split_name] = ids = tokenize(part, encode_batch, f"tokenize {split_name}")
         meta[split_name] = {"documents": len(part), "bytes": sum(len(d.encode("utf-8")) for d in part), "tokens": int(ids.size)}
     meta.update(tokenizer=name, seed=SEED)
-    with atomic_write(args.out / "corpus.json", "w") as f:
-        f.write(json.dumps(meta, indent=2) + "\n")
+    # the three files together or none (an interrupted run used to leave a new test.i32 beside the old
+    # train.i32 and the old corpus.json, which described another split)
+    with atomic_files(args.out) as tmp:
+        for split_name, ids in splits.items():
+            (tmp / f"{split_name}.i32").write_bytes(ids.astype("<i4").tobytes())
+        (tmp / "corpus.json").write_text(json.dumps(meta, indent=2) + "\n")
     print(json.dumps(meta, indent=2))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:   # Ctrl-C: one line, and --out holds the corpus it held before
+        print("corpus: interrupted; the output folder is as it was", file=sys.stderr)
+        sys.exit(130)

@@ -20,6 +20,7 @@ import atexit
 import json
 import os
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -36,7 +37,7 @@ from mlx_backend.decode import draft_policy
 from mlx_backend.decode.generate import SpecStats, ngram_speculative_generate_step
 from mlx_backend.machine.user_cache import ENV as CACHE_ENV
 from mlx_backend.models.loading import load_model
-from reference.atomic import atomic_write
+from reference.atomic import atomic_write, check_outputs
 
 _OWN_CACHE: str | None = None   # the temporary cache directory of this process (own_cache_dir)
 
@@ -57,6 +58,8 @@ def own_cache_dir() -> str:
     if _OWN_CACHE is None:
         _OWN_CACHE = tempfile.mkdtemp(prefix="ngram-spec-bench-")
         atexit.register(shutil.rmtree, _OWN_CACHE, ignore_errors=True)
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:   # kill: exit through atexit, not around it
+            signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     os.environ[CACHE_ENV] = _OWN_CACHE
     return _OWN_CACHE
 
@@ -105,6 +108,10 @@ def main(argv: list[str] | None = None) -> None:
     for flag in ("rounds", "edit_tokens", "free_tokens"):   # before the model loads
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} {getattr(args, flag)}: must be >= 1")
+    try:   # before the model loads and the runs: not a missing folder after minutes of them
+        check_outputs({"--json": args.json}, inputs=[])
+    except ValueError as exc:
+        parser.error(str(exc))
     own_cache_dir()   # before anything reads or writes step costs
     model, tokenizer, desc = load_model(None, None)
     eos = set(tokenizer.eos_token_ids)

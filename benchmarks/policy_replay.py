@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from mlx_backend.decode.draft_policy import DEFAULT_K_MAX, DraftPolicy, FixedDraftLength
 from mlx_backend.ngram.default import make_drafter
-from reference.atomic import atomic_write
+from reference.atomic import atomic_write, check_outputs
 
 TRACES = Path(__file__).with_name("data") / "edit-traces.jsonl.xz"
 MAX_TOKENS = 300   # of each demo prompt's greedy answer
@@ -127,6 +127,11 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--traces {args.traces}: must be >= 1 (the number of edit traces to replay)")
     if args.slope < 0 or args.plain <= 0:
         parser.error(f"--slope must be >= 0 and --plain > 0 (relative step costs), got {args.slope} and {args.plain}")
+    if args.outputs is not None and not os.path.isfile(args.outputs):   # written after the generation
+        try:
+            check_outputs({"--outputs": args.outputs}, inputs=[])
+        except ValueError as exc:
+            parser.error(str(exc))
     costs = [1 + args.slope * s for s in range(DEFAULT_K_MAX + 1)]
     ratios = []
     print("| output | tokens | k=8 | k=16 | k=32 | k=64 | auto | auto / best k |")

@@ -27,9 +27,11 @@ import math
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -225,8 +227,9 @@ def session_paths(session: Path, module: str) -> tuple[Path, Path]:
     return session / f"{stem}.toml", session / f"{stem}.sqlite"
 
 
-def sample(db: Path, n: int, seed: int) -> None:
-    """Mark all but a seeded uniform sample of ``n`` of the pending mutants as skipped (not sampled)."""
+def sample(db: Path, n: int, seed: int, name: str | None = None) -> None:
+    """Mark all but a seeded uniform sample of ``n`` of the pending mutants as skipped (not sampled);
+    ``name``: the session database's file name that seeds the draw (default ``db``'s own)."""
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import WorkerOutcome, WorkResult
 
@@ -235,7 +238,7 @@ def sample(db: Path, n: int, seed: int) -> None:
             str(i.mutations[0].module_path), tuple(i.mutations[0].start_pos), i.mutations[0].operator_name,
             i.mutations[0].occurrence))
         if len(items) > n:
-            keep = {i.job_id for i in random.Random(f"{seed}:{db.name}").sample(items, n)}
+            keep = {i.job_id for i in random.Random(f"{seed}:{name or db.name}").sample(items, n)}
             work_db.set_multiple_results([i.job_id for i in items if i.job_id not in keep],
                                          WorkResult(worker_outcome=WorkerOutcome.SKIPPED))
 
@@ -260,18 +263,78 @@ def run_module(session: Path, module: str, seed: int, timeout: float, n_sample: 
     config, db = session_paths(session, module)
     tree = session / "trees" / config.stem
     if not tree.exists() or rerun_survivors or not db.exists():
-        for package in PACKAGES:
-            shutil.copytree(ROOT / package, tree / package, ignore=shutil.ignore_patterns("__pycache__"),
-                            dirs_exist_ok=True)
+        refresh_tree(tree)
     if rerun_survivors and db.exists():
         print(f"{module}: {forget_survivors(session, module)} survivors to test again", flush=True)
     env = dict(os.environ, PYTHONPATH=str(tree))
-    if not db.exists():
+    if not db.exists():   # initialised whole or not at all (an interrupted init is started again)
         config.write_text(config_text(module, backend, areas, seed, timeout))
-        subprocess.run(["cosmic-ray", "init", str(config), str(db)], cwd=tree, env=env, check=True)
-        if n_sample is not None:
-            sample(db, n_sample, seed)
-    subprocess.run(["cosmic-ray", "exec", str(config), str(db)], cwd=tree, env=env, check=True)
+        part = db.with_name(f".{db.name}.{os.getpid()}.init")
+        try:
+            _run(["cosmic-ray", "init", str(config), str(part)], cwd=tree, env=env)
+            if n_sample is not None:
+                sample(part, n_sample, seed, name=db.name)
+            os.replace(part, db)
+        finally:
+            for leftover in (part, *(part.with_name(part.name + s) for s in ("-journal", "-wal", "-shm"))):
+                leftover.unlink(missing_ok=True)
+    _run(["cosmic-ray", "exec", str(config), str(db)], cwd=tree, env=env)
+
+
+_children: set[subprocess.Popen] = set()   # the cosmic-ray processes running now (stopped on an interrupt)
+_children_lock = threading.Lock()
+
+
+def _run(cmd: list[str], **kwargs) -> None:
+    """``subprocess.run(cmd, check=True, **kwargs)``, the process kept in :data:`_children` while it runs."""
+    proc = subprocess.Popen(cmd, **kwargs)
+    with _children_lock:
+        _children.add(proc)
+    try:
+        rc = proc.wait()
+    finally:
+        with _children_lock:
+            _children.discard(proc)
+    if rc:
+        raise subprocess.CalledProcessError(rc, cmd)
+
+
+def _stop_children(signum: int) -> None:
+    with _children_lock:
+        for proc in _children:
+            if proc.poll() is None:
+                proc.send_signal(signum)
+
+
+_stopping = threading.Event()   # set on an interrupt: a module not started yet is not started
+
+
+def _unless_stopping(*args) -> None:
+    if not _stopping.is_set():
+        run_module(*args)
+
+
+def _terminate(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+def refresh_tree(tree: Path) -> None:
+    """``tree`` := a fresh copy of the checkout's :data:`PACKAGES`, swapped in whole: copied beside it
+    first, so an interrupted copy leaves the old tree (or, between the two renames, none, which the next
+    run copies again), never one whose packages come from two checkouts."""
+    part = tree.with_name(f".{tree.name}.{os.getpid()}.tmp")
+    shutil.rmtree(part, ignore_errors=True)
+    try:
+        part.mkdir(parents=True)
+        for package in PACKAGES:
+            shutil.copytree(ROOT / package, part / package, ignore=shutil.ignore_patterns("__pycache__"))
+        old = tree.with_name(f".{tree.name}.{os.getpid()}.old")
+        if tree.exists():
+            os.replace(tree, old)
+        os.replace(part, tree)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(part, ignore_errors=True)
 
 
 def tally(session: Path, module: str) -> dict:
@@ -404,10 +467,28 @@ def main(argv=None) -> int:
     session.mkdir(parents=True, exist_ok=True)
     if not args.report:
         print(f"session: {session}", flush=True)
-        with ThreadPoolExecutor(args.jobs) as pool:
-            for done in [pool.submit(run_module, session, m, args.seed, args.timeout, args.sample,
-                                     args.rerun_survivors) for m in modules]:
-                done.result()
+        _stopping.clear()
+        previous = signal.signal(signal.SIGTERM, _terminate)
+        try:
+            with ThreadPoolExecutor(args.jobs) as pool:
+                futures = [pool.submit(_unless_stopping, session, m, args.seed, args.timeout, args.sample,
+                                       args.rerun_survivors) for m in modules]
+                try:
+                    for done in futures:
+                        done.result()
+                except (KeyboardInterrupt, SystemExit) as exc:   # Ctrl-C, SIGTERM: no module starts after it,
+                    # the running ones stop (a module that fails otherwise lets the others run, as before)
+                    _stopping.set()
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    _stop_children(signal.SIGTERM if isinstance(exc, SystemExit) else signal.SIGINT)
+                    raise
+        except (KeyboardInterrupt, SystemExit) as exc:
+            code = 130 if isinstance(exc, KeyboardInterrupt) else exc.code
+            print(f"{parser.prog}: interrupted; the session {session} keeps what was done: run again with "
+                  f"--session {session} to go on", file=sys.stderr, flush=True)
+            return code
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     print(report(session, modules))
     return 0
 

@@ -6,8 +6,12 @@ directory, flushed and ``fsync``'ed, then renamed over the target (``os.replace`
 so the target holds either its old bytes or the complete new ones. On any exception, including
 ``KeyboardInterrupt`` (SIGINT) and SIGTERM (turned into ``SystemExit(143)`` while a write is open),
 the temporary file is removed and the old file is left untouched. A set of files that belong together
-(``tiny-model``'s model folder) goes through :func:`atomic_files`: written into a temporary folder, then
-renamed in together with the signals held back.
+(``tiny-model``'s model folder, ``benchmarks/corpus.py``'s corpus) goes through :func:`atomic_files`:
+written into a temporary folder, then renamed in together with the signals held back (by handlers that
+note them, :func:`_signals_held`: a thread's signal mask would not hold a Ctrl-C that the kernel hands to
+another thread) and the folder locked against another process renaming its own set in at once. An
+existing output this process may not write is refused as ``open(path, "w")`` refuses it, and a write
+that fails for want of room names the output.
 
 Signal handlers that raise (SIGTERM here, Ctrl-C's while a command runs: :func:`interrupt_handler`,
 installed by ``mlx_backend.cli.main``) raise only where Python passes the exception on: a signal that
@@ -167,7 +171,11 @@ def _sigterm_unwinds() -> Iterator[None]:
 def atomic_write(path: str | os.PathLike, mode: str = "wb", **open_kwargs) -> Iterator[IO]:
     """Open a temporary file next to ``path`` for writing (``mode`` ``"wb"`` or ``"w"``); when the block
     ends normally it is fsync'ed and renamed over ``path``; on any exception it is removed.
-    A ``path`` that exists and is not a regular file (``/dev/stdout``, a named pipe) is written directly."""
+    A ``path`` that exists and is not a regular file (``/dev/stdout``, a named pipe) is written directly.
+    An existing file this process may not write (read-only) is refused, as ``open(path, "w")`` refuses it
+    (the rename alone needs only the folder's permission). An error while writing that names no file (a
+    full disk: numpy's ``tofile`` says "Not enough free space", a flush ``[Errno 28]``) is raised naming
+    ``path``, as are a failed rename's (not the temporary's name, which is gone by then)."""
     if mode not in ("wb", "w"):
         raise ValueError(f"atomic_write writes whole files: mode 'wb' or 'w', not {mode!r}")
     if os.path.isdir(path):
@@ -177,24 +185,89 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", **open_kwargs) -> It
             yield f
         return
     given, path = path, Path(os.path.realpath(path))  # through a symbolic link, like open(path, "w")
+    _check_writable(path, given)
     with _sigterm_unwinds():
+        tmp = None
         try:
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        except OSError as exc:  # a missing or read-only folder: name the file the user gave
-            raise type(exc)(exc.errno, exc.strerror, str(given)) from None
-        try:
-            os.chmod(tmp, _file_mode(path))
-            with os.fdopen(fd, mode, **open_kwargs) as f:
-                yield f
-                f.flush()
-                os.fsync(f.fileno())
+            with _signals_held():   # a Ctrl-C right after mkstemp returns is raised once ``tmp`` is set
+                try:
+                    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+                except OSError as exc:  # a missing or read-only folder: name the file the user gave
+                    raise type(exc)(exc.errno, exc.strerror, str(given)) from None
+            try:
+                os.chmod(tmp, _file_mode(path))
+                with os.fdopen(fd, mode, **open_kwargs) as f:
+                    yield f
+                    f.flush()
+                    os.fsync(f.fileno())
+            except OSError as exc:
+                if exc.filename is not None or exc.errno not in (None, *WRITE_ERRNOS):
+                    raise
+                raise _write_error(exc, path, given) from exc
             hold = os.environ.get(HOLD_ENV)
             if hold:
                 time.sleep(float(hold))
-            os.replace(tmp, path)
+            try:
+                os.replace(tmp, path)
+            except OSError as exc:  # an immutable file (chattr +i), a folder made read-only meanwhile
+                raise type(exc)(exc.errno, exc.strerror, str(given)) from None
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+            if tmp is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held back while the block runs, then acted on as they would have been (the
+    handlers in place before: ``KeyboardInterrupt``, ``SystemExit(143)``, the default action).
+
+    Held by Python-level handlers that only note the signal, not by ``pthread_sigmask``: a mask holds
+    back only the calling thread's signals, and a process-directed signal (Ctrl-C, ``kill``) is then
+    delivered to any other thread (numba's, mlx's, tokenizers' pools) whose C handler still has the main
+    thread raise at its next bytecode. Used where a temporary must be recorded before a handler can raise
+    (``mkstemp``'s result) and around the renames of a set of files. Outside the main thread (where no
+    handler runs) the block runs as is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    noted: list[int] = []
+    before = {}
+    try:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(signum) is not None:   # None: a handler installed from C, left alone
+                before[signum] = signal.signal(signum, lambda signum, frame: noted.append(signum))
+        yield
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+        for signum in dict.fromkeys(noted):   # each once, in the order they came
+            signal.raise_signal(signum)   # to this thread: the restored handler acts on it now
+
+
+# errno values of a write that failed for want of room or of a working disk (not a bug of the caller)
+WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS)
+
+
+def _write_error(exc: OSError, path: Path, given) -> OSError:
+    """``exc`` (no file named) as an ``OSError`` naming ``given``: "out.bin: cannot write it: ...".
+    numpy's ``tofile`` loses the errno ("Not enough free space to write N bytes", "N requested and M
+    written"): a folder with less room left than a MiB is then said to be full."""
+    detail = exc.strerror or str(exc)
+    code = exc.errno
+    if code is None:
+        with contextlib.suppress(OSError):
+            if shutil.disk_usage(path.parent).free < 1 << 20:
+                code = errno.ENOSPC
+                detail = f"{os.strerror(errno.ENOSPC)} ({detail})"
+    return OSError(code, f"cannot write it: {detail}; no part of it was kept", str(given))
+
+
+def _check_writable(path: Path, given) -> None:
+    """Refuse an existing file this process may not write (``os.access``: root may write any)."""
+    if os.path.isfile(path) and not os.access(path, os.W_OK):
+        raise PermissionError(errno.EACCES, "the file is read-only: make it writable (chmod u+w) to replace "
+                                            "it, or choose another output path", str(given))
 
 
 @contextlib.contextmanager
@@ -202,29 +275,59 @@ def atomic_files(folder: str | os.PathLike) -> Iterator[Path]:
     """A temporary folder inside ``folder`` (created if needed) to write a set of files into; when the
     block ends normally each is renamed into ``folder`` (over any file of the same name, other files left
     alone) with SIGINT and SIGTERM held back until the last rename, so the folder holds the old set or
-    the new one, never a mix; on any exception the temporary folder is removed."""
+    the new one, never a mix; on any exception the temporary folder is removed (and ``folder`` too when
+    this call created it and it is empty). The renames run under an exclusive lock on ``folder``
+    (``flock``), so two processes writing sets into one folder at once leave one set or the other, never
+    one's config beside the other's weights. A read-only file of the set is refused, as by :func:`atomic_write`."""
     if not os.fspath(folder):
         raise ValueError("the output folder is empty; give a folder path")
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(folder))
     with _sigterm_unwinds():
+        created = not folder.exists()
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=folder, prefix=".ngram-spec.", suffix=".tmp"))
+        tmp = None
         try:
+            with _signals_held():   # as in atomic_write: the folder is recorded before a signal can raise
+                tmp = Path(tempfile.mkdtemp(dir=folder, prefix=".ngram-spec.", suffix=".tmp"))
             yield tmp
             hold = os.environ.get(HOLD_ENV)   # the tests' pause, as in atomic_write
             if hold:
                 time.sleep(float(hold))
-            held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-            try:
-                for f in sorted(tmp.iterdir()):
+            files = sorted(tmp.iterdir())
+            for f in files:
+                _check_writable(folder / f.name, folder / f.name)
+            with _locked(folder), _signals_held():
+                for f in files:
                     os.chmod(f, _file_mode(folder / f.name))   # the old file's mode, else the umask's
                     os.replace(f, folder / f.name)
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, held)
+            tmp_done, tmp = tmp, None
+            shutil.rmtree(tmp_done, ignore_errors=True)
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            if tmp is not None:   # failed or interrupted: nothing of the new set is left
+                shutil.rmtree(tmp, ignore_errors=True)
+                if created:
+                    with contextlib.suppress(OSError):
+                        folder.rmdir()   # only if empty
+
+
+@contextlib.contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on the folder itself (no lock file left behind), released at the end; where
+    folders cannot be locked (no ``fcntl``, a file system without locks) the block runs unlocked."""
+    try:
+        import fcntl
+        fd = os.open(folder, os.O_RDONLY)
+    except (ImportError, OSError):
+        yield
+        return
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)   # releases the lock
 
 
 def _file_mode(path: Path) -> int:
@@ -248,9 +351,13 @@ def check_outputs(outputs: dict[str, str | os.PathLike | None], inputs: Iterable
             raise ValueError(f"{flag} is empty; give a file path")
         if os.path.isdir(output):
             raise ValueError(f"{flag} {output} is a directory; give a file path")
-        folder = os.path.dirname(os.path.abspath(output))
+        folder = os.path.dirname(os.path.realpath(output))   # a symbolic link is written where it points
         if not os.path.isdir(folder):
-            raise ValueError(f"{flag} {output}: the folder {folder} does not exist; create it first (mkdir -p)")
+            via = f" (where the link {output} points)" if os.path.islink(output) else ""
+            raise ValueError(f"{flag} {output}: the folder {folder}{via} does not exist; create it first (mkdir -p)")
+        if os.path.isfile(output) and not os.access(output, os.W_OK):
+            raise ValueError(f"{flag} {output}: the file is read-only; make it writable (chmod u+w) to replace it, "
+                             "or choose another output path")
     existing = [path for path in inputs if path is not None and os.path.exists(path)]
     for flag, output in given.items():
         for path in existing:

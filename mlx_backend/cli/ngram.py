@@ -28,7 +28,7 @@ from mlx_backend.cli.prompts import check_unicode
 from reference.ngram.draft import SCORES
 from reference.ngram.ours_file import tokenizer_fingerprint
 from reference.ngram.replay import check_replay_args
-from reference.ngram.tokens import read_bytes
+from reference.ngram.tokens import read_bytes, write_tokens_into
 from reference.suffix.auto import DEFAULT_DRAFTER, DRAFTERS
 from reference.suffix.replay import replay_requests
 
@@ -313,10 +313,10 @@ def cmd_create(args) -> int:
     cache = backend.build_static(tokens, progress=bar("create", "tok", False if args.no_progress else None))
     if tokenizer is not None and args.format == "ours":  # recorded, so the cache is refused with another tokenizer
         cache.vocab_size, cache.fingerprint = tokenizer_fingerprint(tokenizer)
-    save_cache_file(backend, cache, args.output, args.format)
-    if args.tokens_out:   # after the cache: a run that fails leaves neither
-        from reference.ngram.tokens import write_tokens
-        write_tokens(args.tokens_out, tokens)
+    with contextlib.ExitStack() as outputs:
+        if args.tokens_out:   # written first, renamed after the cache: a full disk for either leaves both as they were
+            write_tokens_into(outputs.enter_context(atomic_write(args.tokens_out)), args.tokens_out, tokens)
+        save_cache_file(backend, cache, args.output, args.format)
     print(f"{args.output}: {len(cache)} 2-grams, {cache.n_entries()} entries from {len(tokens)} tokens "
           f"({time.perf_counter() - t0:.2f} s, backend {backend_name(backend)})", file=sys.stderr)
     return 0

@@ -61,8 +61,25 @@ def cmd_tiny_model(args) -> int:
     from reference.models.tiny import write_tiny_model
 
     check_out(args.out)
-    out = write_tiny_model(args.out, args.arch, seed=args.seed)
+    try:
+        out = write_tiny_model(args.out, args.arch, seed=args.seed)
+    except Exception as exc:
+        if not _write_failure(exc):
+            raise
+        from mlx_backend.cli import UserError
+        raise UserError(f"--out {args.out}: cannot write the model ({exc}); nothing of it was kept") from None
     config = json.loads((out / "config.json").read_text())
     print(f"wrote a tiny {args.arch} model (seed {args.seed}, {config['num_hidden_layers']} layers, "
           f"hidden {config['hidden_size']}, vocab {config['vocab_size']}) to {out}")
     return 0
+
+
+def _write_failure(exc: Exception) -> bool:
+    """Whether ``exc`` is a library's report of a failed write (a full disk, an I/O error): safetensors
+    raises its ``SafetensorError``, tokenizers a plain ``Exception`` ("No space left on device (os error
+    28)"); neither is an ``OSError``, so before they reached the user as a traceback."""
+    try:
+        from safetensors import SafetensorError
+    except ImportError:
+        SafetensorError = ()
+    return isinstance(exc, SafetensorError) or type(exc) is Exception

@@ -66,6 +66,8 @@ def load_via_copy(path: str | os.PathLike, verify: bool = False):
             cache = open_ours(copy, verify=verify)
         except CacheFormatError:  # damaged or of another version of our format: read the file again
             copy.unlink(missing_ok=True)
+        except FileNotFoundError:  # removed since is_file() by another process (a newer version's cleanup)
+            pass
         else:
             cache.source, cache.converted_copy = str(path), (copy, "reused")
             log.info("%s is in llama.cpp's format: mapped its copy in our format %s (written by an earlier "

@@ -120,11 +120,16 @@ def check_token_list(tokens: Iterable[int]) -> list[int]:
 
 def write_tokens(path: str | os.PathLike, tokens: Iterable[int]) -> None:
     """Write ``tokens`` as ``.npy`` if the name ends in ``.npy``, else as raw little-endian int32."""
+    with atomic_write(path) as f:
+        write_tokens_into(f, path, tokens)
+
+
+def write_tokens_into(f, path: str | os.PathLike, tokens: Iterable[int]) -> None:
+    """:func:`write_tokens` into ``f``, a file open for writing that will become ``path`` (its name picks
+    the format): for a caller that renames it in later, together with another output."""
     arr = np.asarray(check_token_list(tokens) if not isinstance(tokens, np.ndarray) else tokens)
     check_range(arr, "tokens")
-    arr = arr.astype("<i4")
-    with atomic_write(path) as f:
-        if str(path).endswith(".npy"):
-            np.save(f, arr.astype(np.int32))
-        else:
-            arr.tofile(f)
+    if str(path).endswith(".npy"):
+        np.save(f, arr.astype(np.int32))
+    else:
+        arr.astype("<i4").tofile(f)

@@ -254,3 +254,369 @@ def test_a_signal_while_tiny_model_writes_keeps_the_old_model_whole(tmp_path):
             proc.kill()
     assert rc == 128 + signal.SIGTERM, proc.stderr.read().decode()
     assert {p.name: p.read_bytes() for p in model.iterdir()} == before   # no temporary folder either
+
+
+# --- read-only outputs, full disks, dangling links, concurrent writers of one folder ---------------
+
+
+def test_a_read_only_output_is_refused_and_left_as_it_was(tmp_path, capsys, monkeypatch):
+    """An existing output this user may not write is refused with one line, as ``open(path, "w")`` refuses
+    it (before: the rename over it needs only the folder's permission, so a file the user had made
+    read-only to protect it was silently replaced, and by ``tiny-model`` too). ``os.access`` is made to say
+    "read-only" for those files, as the tests may run as root (who may write any file)."""
+    from reference.atomic import atomic_files
+
+    out = tmp_path / "out.bin"
+    out.write_bytes(OLD)
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_bytes(OLD)
+    protected = {str(out), str(model / "config.json")}
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: (str(p) not in protected or not mode & os.W_OK)
+                        and real_access(p, mode, **kw))
+    rc, _, err = run(capsys, "create", V("edge-rep5.i32"), "-o", out)
+    assert rc == 2 and err.count("\n") == 1 and "the file is read-only" in err, err
+    with pytest.raises(PermissionError, match="read-only"):
+        with atomic_write(out) as f:
+            f.write(b"new")
+    with pytest.raises(PermissionError, match="read-only"):
+        with atomic_files(model) as tmp:
+            (tmp / "config.json").write_bytes(b"new")
+            (tmp / "model.safetensors").write_bytes(b"new")
+    assert out.read_bytes() == OLD and sorted(p.name for p in tmp_path.iterdir()) == ["m", "out.bin"]
+    assert [p.name for p in model.iterdir()] == ["config.json"] and (model / "config.json").read_bytes() == OLD
+
+
+def test_a_failed_write_names_the_file_and_keeps_the_old_one(tmp_path, monkeypatch):
+    """A full disk while writing: the error names the output (before: "[Errno 28] No space left on device"
+    or numpy's "Not enough free space to write 55984764 bytes after offset 0", no file named: with -o and
+    --tokens-out the user could not tell which), the old file stays and no temporary is left."""
+    import errno
+    import shutil
+
+    out = tmp_path / "out.bin"
+    out.write_bytes(OLD)
+    with pytest.raises(OSError) as info:
+        with atomic_write(out) as f:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))   # what a flush raises on a full disk
+    assert info.value.filename == str(out) and "cannot write it: No space left on device" in info.value.strerror
+    # numpy's tofile loses the errno: a folder with (almost) no room left is then said to be full
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10 << 20, 10 << 20, 4096))
+    with pytest.raises(OSError) as info:
+        with atomic_write(out) as f:
+            raise OSError("Not enough free space to write 480 bytes after offset 0")
+    assert info.value.filename == str(out) and info.value.errno == errno.ENOSPC
+    assert "No space left on device (Not enough free space" in info.value.strerror
+    assert out.read_bytes() == OLD and [p.name for p in tmp_path.iterdir()] == ["out.bin"]
+    with pytest.raises(OSError) as info:   # an error naming its own file is the caller's: passed on as is
+        with atomic_write(out) as f:
+            open(tmp_path / "missing")
+    assert info.value.filename == str(tmp_path / "missing")
+
+
+def test_an_output_through_a_dangling_link_is_refused_before_any_work(tmp_path, capsys):
+    """A symbolic link to a missing folder is written where it points: refused at the start like a missing
+    folder (before: after the whole replay, as "dangling: No such file or directory")."""
+    link = tmp_path / "link.bin"
+    link.symlink_to(tmp_path / "nowhere" / "x.bin")
+    toks = tmp_path / "t.i32"
+    toks.write_bytes(V("edge-rep5.i32").read_bytes())
+    with pytest.raises(ValueError, match=r"the folder .*nowhere \(where the link .*link.bin points\) does not exist"):
+        check_outputs({"--save-dynamic": link}, inputs=[toks])
+    rc, _, err = run(capsys, "stats", toks, "--n-ctx", 8, "--save-dynamic", link, "--backend", "reference")
+    assert rc == 2 and err.count("\n") == 1 and "where the link" in err, err
+
+
+HOLD_IN_RENAMES = """
+import os, sys, time
+from reference import atomic
+real, done = os.replace, []
+def replace(src, dst):   # pause after the first rename, in the middle of the set
+    real(src, dst)
+    done.append(dst)
+    if len(done) == 1:
+        open(sys.argv[2], "w").close()
+        time.sleep(2)
+os.replace = replace
+with atomic.atomic_files(sys.argv[1]) as tmp:
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        (tmp / name).write_text("A")
+"""
+
+
+def test_two_writers_of_one_folder_leave_one_set_never_a_mix(tmp_path):
+    """Two processes writing a model folder at once (``atomic_files``): the folder ends with one writer's
+    set (before: writer B's renames ran while A was between two of its own, leaving B's config.json beside
+    A's weights). Writer A pauses after its first rename; B, started then, must wait for A's last."""
+    from reference.atomic import atomic_files
+
+    folder, marker = tmp_path / "model", tmp_path / "a-is-renaming"
+    proc = subprocess.Popen([sys.executable, "-c", HOLD_IN_RENAMES, str(folder), str(marker)], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert proc.poll() is None, proc.stderr.read().decode()
+            assert time.monotonic() < deadline, "writer A never renamed"
+            time.sleep(0.02)
+        with atomic_files(folder) as tmp:
+            for name in ("config.json", "model.safetensors", "tokenizer.json"):
+                (tmp / name).write_text("B")
+        assert proc.wait(timeout=60) == 0, proc.stderr.read().decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    contents = {p.name: p.read_text() for p in folder.iterdir()}
+    assert len(contents) == 3 and len(set(contents.values())) == 1, contents
+
+
+def test_tiny_model_on_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, capsys, monkeypatch):
+    """safetensors and tokenizers report a full disk with their own exception types, not OSError (before:
+    a traceback; the folder the command had made was left behind, empty)."""
+    import safetensors.numpy
+    from safetensors import SafetensorError
+
+    def full(*args, **kwargs):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(safetensors.numpy, "save_file", full)
+    rc, _, err = run(capsys, "tiny-model", "--arch", "llama", "-o", tmp_path / "new" / "m")
+    assert rc == 2 and err.count("\n") == 1 and "No space left on device" in err, err
+    assert list(tmp_path.iterdir()) == [tmp_path / "new"] and not (tmp_path / "new" / "m").exists()
+
+
+# --- the mutation campaign's session folder ----------------------------------------------------------
+
+
+def test_an_interrupted_mutation_init_leaves_no_session_database(tmp_path, monkeypatch):
+    """Ctrl-C while ``cosmic-ray init`` fills the session's database: no database is left (before: the
+    half-made one, with no mutants, was taken for the session on the next run, which then reported 0
+    mutants for the module as if it were done)."""
+    from conformance import mutation
+
+    def popen(cmd, *args, **kwargs):   # cosmic-ray has made the database, then Ctrl-C
+        Path(cmd[-1]).write_bytes(b"SQLite format 3\0")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    monkeypatch.setattr(mutation, "ROOT", ROOT)
+    monkeypatch.setattr(mutation, "PACKAGES", ())   # no copy of the checkout needed
+    session = tmp_path / "s"
+    session.mkdir()
+    with pytest.raises(KeyboardInterrupt):
+        mutation.run_module(session, "reference/ngram/replay.py", 1, 60.0, None)
+    assert [p.name for p in session.iterdir() if p.name != "trees"] == ["reference_ngram_replay.toml"]
+
+
+def test_ctrl_c_stops_the_mutation_campaign_with_one_line(tmp_path, capsys, monkeypatch):
+    """Ctrl-C during a module: exit 130, one line naming the session to resume, and no later module starts
+    (before: a KeyboardInterrupt traceback, after the pool had run every remaining module, hours)."""
+    import _thread
+    import shutil as shutil_module
+
+    from conformance import mutation
+
+    started = []
+
+    def run_module(session, module, *args):
+        started.append(module)
+        if len(started) == 1:
+            _thread.interrupt_main()   # Ctrl-C reaches the main thread while this module's cosmic-ray runs
+            time.sleep(0.5)
+
+    monkeypatch.setattr(mutation, "run_module", run_module)
+    monkeypatch.setattr(shutil_module, "which", lambda name: "/bin/true")
+    argv = ["--module", "reference/ngram/replay.py", "--module", "reference/ngram/draft.py", "--session",
+            str(tmp_path / "s")]
+    try:
+        rc = mutation.main(argv)
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C came out of main as a KeyboardInterrupt (a traceback)")
+    err = capsys.readouterr().err
+    assert rc == 130 and err.count("\n") == 1 and f"--session {tmp_path / 's'}" in err, err
+    assert started == ["reference/ngram/replay.py"]
+
+
+@pytest.mark.parametrize("make", ["mkstemp", "mkdtemp"])
+def test_ctrl_c_right_as_the_temporary_is_made_leaves_none(tmp_path, monkeypatch, make):
+    """A SIGINT that lands the moment ``mkstemp``/``mkdtemp`` returns (before the caller has recorded the
+    name) is raised only once the cleanup knows the temporary (before: it was left behind). The signal
+    is really sent (os.kill), as a terminal sends it, right after the temporary is made."""
+    import tempfile
+
+    from reference.atomic import atomic_files
+
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    real = getattr(tempfile, make)
+
+    def make_then_ctrl_c(*args, **kwargs):
+        name = real(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)
+        return name
+
+    monkeypatch.setattr(tempfile, make, make_then_ctrl_c)
+    out = tmp_path / "out.bin"
+    out.write_bytes(OLD)
+    with pytest.raises(KeyboardInterrupt):
+        if make == "mkstemp":
+            with atomic_write(out) as f:
+                f.write(b"new")
+        else:
+            with atomic_files(tmp_path) as tmp:
+                (tmp / "out.bin").write_bytes(b"new")
+    assert out.read_bytes() == OLD and [p.name for p in tmp_path.iterdir()] == ["out.bin"]
+
+
+def test_ctrl_c_during_the_renames_of_a_set_leaves_one_whole_set(tmp_path, monkeypatch):
+    """Ctrl-C between two renames of ``atomic_files``' set, in a process with another thread (numba's,
+    mlx's, tokenizers' pools): the set is renamed whole, then the interrupt is raised (before: the
+    signals were held by ``pthread_sigmask`` in the main thread only; the kernel handed Ctrl-C to the
+    other thread, whose handler had the main thread raise mid-set: new config.json, old weights)."""
+    import threading
+
+    from reference.atomic import atomic_files
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (folder / name).write_text("old")
+    real, done = os.replace, []
+
+    def replace_then_ctrl_c(src, dst):
+        real(src, dst)
+        done.append(dst)
+        if len(done) == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)   # the signal is handled by now
+
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, daemon=True)
+    other.start()
+    monkeypatch.setattr(os, "replace", replace_then_ctrl_c)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with atomic_files(folder) as tmp:
+                for name in ("config.json", "model.safetensors"):
+                    (tmp / name).write_text("new")
+    finally:
+        stop.set()
+    assert {p.name: p.read_text() for p in folder.iterdir()} == {"config.json": "new", "model.safetensors": "new"}
+
+
+# --- the user's cache directory --------------------------------------------------------------------
+
+
+def test_a_converted_copy_removed_by_another_process_is_read_again(tmp_path, monkeypatch):
+    """The copy of a llama.cpp-format file in the user's cache, deleted by another process between the
+    check that it exists and its opening (a newer version's load removes the older copies): the file is
+    read again and its copy written anew (before: FileNotFoundError, the command failed)."""
+    pytest.importorskip("numba")
+    from mlx_backend.ngram import converted_copy
+    from mlx_backend.ngram.caches import load_cache, save_cache
+    from mlx_backend.ngram.sorted_cache import build_static
+
+    monkeypatch.setenv("NGRAM_SPEC_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "static.bin"
+    save_cache(build_static(np.array([1, 2, 3, 1, 2, 4], np.int32)), path, format="llama")
+    first = load_cache(path)
+    copy, how = first.converted_copy
+    assert how == "written"
+    real = converted_copy.open_ours
+
+    def removed_meanwhile(p, **kwargs):
+        Path(p).unlink()   # the other process's cleanup wins the race
+        return real(p, **kwargs)
+
+    monkeypatch.setattr(converted_copy, "open_ours", removed_meanwhile)
+    again = load_cache(path)
+    assert again == first and again.converted_copy == (copy, "written") and copy.is_file()
+
+
+CONCURRENT_LOAD = """
+import sys
+from mlx_backend.ngram.caches import load_cache
+cache = load_cache(sys.argv[1])
+print(cache.n_entries(), cache.total())
+"""
+
+
+def test_two_processes_converting_one_file_leave_one_whole_copy(tmp_path, monkeypatch):
+    """Two first loads of one llama.cpp-format file at once both write its copy in the user's cache: both
+    loads give the file's content, and one complete copy is left, no temporary."""
+    pytest.importorskip("numba")
+    from mlx_backend.ngram.caches import load_cache, save_cache
+    from mlx_backend.ngram.sorted_cache import build_static
+
+    path = tmp_path / "static.bin"
+    save_cache(build_static(np.random.default_rng(0).integers(0, 3000, 300_000).astype(np.int32)), path,
+               format="llama")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NGRAM_SPEC_CACHE_DIR": str(tmp_path / "cache")}
+    procs = [subprocess.Popen([sys.executable, "-c", CONCURRENT_LOAD, str(path)], cwd=ROOT, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [e.decode() for _, e in outs]
+    assert outs[0][0] == outs[1][0]
+    copies = list((tmp_path / "cache" / "converted").iterdir())
+    assert len(copies) == 1 and copies[0].suffix == ".ngc"
+    from mlx_backend.ngram.cache_file import open_ours
+    monkeypatch.setenv("NGRAM_SPEC_NO_CONVERTED_COPY", "1")   # read the file itself, keep no copy
+    assert open_ours(copies[0], verify=True) == load_cache(path, verify=True)
+
+
+def test_create_whose_tokens_out_cannot_be_written_leaves_the_cache_as_it_was(tmp_path, capsys, monkeypatch):
+    """``create -o CACHE --tokens-out TOKENS`` on a disk with no room for TOKENS: one line, and CACHE is
+    the old file (before: the new cache was renamed in first, then the tokens failed, so a run reported
+    as failed had replaced one of its outputs)."""
+    import errno
+
+    import reference.ngram.tokens
+    from mlx_backend.cli import ngram
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(reference.ngram.tokens, "write_tokens", full)   # where the tokens were written before
+    monkeypatch.setattr(ngram, "write_tokens_into", full, raising=False)
+    out = tmp_path / "s.bin"
+    out.write_bytes(OLD)
+    rc, _, err = run(capsys, "create", V("edge-rep5.i32"), "-o", out, "--tokens-out", tmp_path / "t.i32")
+    assert rc == 2 and err.count("\n") == 1 and "No space left on device" in err, err
+    assert out.read_bytes() == OLD and sorted(p.name for p in tmp_path.iterdir()) == ["s.bin"]
+
+
+def test_an_interrupted_refresh_of_a_mutation_tree_keeps_the_old_tree(tmp_path, monkeypatch):
+    """``--rerun-survivors`` copies the checkout over the session's tree: Ctrl-C in the middle of the copy
+    leaves the old tree whole (before: the packages copied so far were new, the rest old, and the next run
+    tested mutants against that mix)."""
+    import shutil
+
+    from conformance import mutation
+
+    checkout = tmp_path / "checkout"
+    for package in ("a", "b"):
+        (checkout / package).mkdir(parents=True)
+        (checkout / package / "m.py").write_text("new")
+    session = tmp_path / "s"
+    tree = session / "trees" / "mod"
+    for package in ("a", "b"):
+        (tree / package).mkdir(parents=True)
+        (tree / package / "m.py").write_text("old")
+    (session / "mod.sqlite").write_bytes(b"")   # an existing session: the tree is refreshed on --rerun-survivors
+    real = shutil.copytree
+
+    def copy_then_ctrl_c(src, dst, *args, **kwargs):
+        if Path(src).name == "b":
+            raise KeyboardInterrupt
+        return real(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(mutation, "ROOT", checkout)
+    monkeypatch.setattr(mutation, "PACKAGES", ("a", "b"))
+    monkeypatch.setattr(mutation, "session_paths", lambda session, module: (session / "mod.toml",
+                                                                             session / "mod.sqlite"))
+    monkeypatch.setattr(mutation, "MODULES", {"mod": ("reference", ("counts",))})
+    monkeypatch.setattr(shutil, "copytree", copy_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        mutation.run_module(session, "mod", 1, 60.0, None, rerun_survivors=True)
+    assert {p.parent.name: p.read_text() for p in tree.glob("*/m.py")} == {"a": "old", "b": "old"}
+    assert sorted(p.name for p in (session / "trees").iterdir()) == ["mod"]

@@ -240,3 +240,88 @@ def test_policy_replay_shows_a_progress_bar_while_generating(monkeypatch, capsys
     out, err = capsys.readouterr()
     total = len(demo.DEMO_PROMPTS) * 300
     assert out == "" and "generate" in err and f"{total}/{total}" in err
+
+
+# --- outputs written after the run: checked before it -----------------------------------------------
+
+@pytest.mark.parametrize("where", ["nodir/out.json", "."])
+def test_long_drafts_refuses_a_json_path_it_cannot_write_before_loading_the_model(tmp_path, capsys, monkeypatch,
+                                                                                   where):
+    """--json in a missing folder, or a folder: one usage line at the start (before: a FileNotFoundError
+    traceback after the model load and every round)."""
+    ld = script("long_drafts")
+    monkeypatch.setattr(ld, "load_model", refuse)
+    with pytest.raises(SystemExit) as info:
+        call(ld, ["--json", str(tmp_path / where)], monkeypatch)
+    usage_error(capsys, info, "--json")
+
+
+def test_policy_replay_refuses_an_outputs_path_it_cannot_write_before_loading_the_model(tmp_path, capsys,
+                                                                                         monkeypatch):
+    """--outputs (written after generating, when it does not exist yet) in a missing folder: one usage line
+    before the model loads (before: a traceback after the generation)."""
+    import mlx_backend.models.loading as loading
+
+    pr = script("policy_replay")
+    monkeypatch.setattr(loading, "load_model", refuse)
+    with pytest.raises(SystemExit) as info:
+        call(pr, ["--outputs", str(tmp_path / "nodir" / "o.json")], monkeypatch)
+    usage_error(capsys, info, "--outputs", "does not exist")
+
+
+def test_corpus_interrupted_keeps_the_old_corpus_whole(tmp_path, text, monkeypatch):
+    """test.i32, train.i32 and corpus.json are one corpus: a run interrupted while tokenizing the train
+    split leaves the old three (before: a new test.i32 beside the old train.i32 and the old corpus.json,
+    which described the other split)."""
+    from reference.models.tiny import write_tiny_model
+
+    corpus = script("corpus")
+    tokenizer = write_tiny_model(tmp_path / "tiny", "llama") / "tokenizer.json"
+    out = tmp_path / "out"
+    argv = ["--text", str(text), "--test-bytes", "3000", "--tokenizer", str(tokenizer), "--out", str(out)]
+    assert call(corpus, argv, monkeypatch) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real = corpus.tokenize
+
+    def tokenize(part, encode_batch, desc):
+        if "train" in desc:
+            raise KeyboardInterrupt
+        return real(part, encode_batch, desc)
+
+    monkeypatch.setattr(corpus, "tokenize", tokenize)
+    with pytest.raises(KeyboardInterrupt):
+        call(corpus, [*argv[:3], "2000", *argv[4:]], monkeypatch)   # another split: another test.i32
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+OWN_CACHE_THEN_WAIT = """
+import importlib.util, sys, time
+spec = importlib.util.spec_from_file_location("ld", sys.argv[1])
+ld = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ld)
+print(ld.own_cache_dir(), flush=True)
+time.sleep(60)
+"""
+
+
+def test_long_drafts_killed_removes_its_own_cache_dir(tmp_path):
+    """SIGTERM (kill, a job scheduler's timeout) while long_drafts runs: its temporary step-cost directory
+    is removed as at a normal exit (before: atexit does not run on SIGTERM's default action, and each
+    killed run left an ngram-spec-bench-* directory in /tmp)."""
+    import os
+    import signal
+    import subprocess
+
+    pytest.importorskip("mlx.core")
+    proc = subprocess.Popen([sys.executable, "-c", OWN_CACHE_THEN_WAIT, str(BENCHMARKS / "long_drafts.py")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TMPDIR": str(tmp_path)})
+    try:
+        folder = Path(proc.stdout.readline().strip())
+        assert folder.is_dir() and folder.parent == tmp_path, proc.stderr.read()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not folder.exists()
