@@ -60,7 +60,7 @@ from reference.drafter import Drafter
 from mlx_backend.ngram.api import HashTable, as_table, load_cache
 from mlx_backend.ngram.dynamic_cache import load_dynamic, save_dynamic
 from mlx_backend.batch.server_batch import RowPlan, RowReport, SpeculativeBatchGenerator, batch_unsupported
-from mlx_backend.decode.draft_policy import SEEDED_DRAFT_MAX
+from mlx_backend.decode.draft_policy import DEFAULT_K_MAX, SEEDED_DRAFT_MAX
 from mlx_backend.decode.generate import SpecStats, stream_generate as spec_stream_generate, vocab_size
 from mlx_backend.ngram.default import lookup_drafter, make_drafter, suffix_api
 from reference.suffix.auto import DEFAULT_DRAFTER, DRAFTERS
@@ -78,6 +78,14 @@ MLX_LM_FIELDS = frozenset((
     "tools", "role_mapping", "prompt"))
 SPEC_FIELDS = frozenset(("speculative", "draft_max", "n_draft", "drafter"))
 OPENAI_FIELDS = frozenset(("user", "n", "tool_choice", "parallel_tool_calls"))
+
+
+class FieldError(ValueError):
+    """A request field with a bad value: HTTP 400 with OpenAI's ``param`` naming the field."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
 
 
 class RequestError(ValueError):
@@ -205,7 +213,7 @@ class _EosCutDrafter:
 def check_drafter(name, what: str = "drafter") -> None:
     """Refuse a drafter name that is not one of :data:`reference.suffix.auto.DRAFTERS` (ValueError naming them)."""
     if name not in DRAFTERS:
-        raise ValueError(f"{what} must be one of {', '.join(DRAFTERS)}, got {name!r}")
+        raise FieldError(what, f"{what} must be one of {', '.join(DRAFTERS)}, got {name!r}")
 
 
 def _scope_name(key: Optional[str]) -> str:
@@ -714,30 +722,30 @@ def check_request_fields(body: dict, logit_bias: dict | None, n_vocab: int | Non
     wrote past the logits (a segmentation fault on a later request); ``tools``, ``chat_template_kwargs`` or
     a content part other than text in mlx-lm's tokenization (HTTP 404)."""
     if "prompt" in body and not isinstance(body["prompt"], str):
-        raise ValueError("prompt must be a string")
+        raise FieldError("prompt", "prompt must be a string")
     if body.get("prompt") == "":
-        raise ValueError("prompt is empty: give at least one character")
+        raise FieldError("prompt", "prompt is empty: give at least one character")
     stop = body.get("stop")
     if stop is not None and not (isinstance(stop, str) or (isinstance(stop, list)
                                                            and all(isinstance(x, str) for x in stop))):
-        raise ValueError("stop must be a string or a list of strings")
+        raise FieldError("stop", "stop must be a string or a list of strings")
     for name, kind in (("tools", list), ("chat_template_kwargs", dict), ("stream_options", dict),
                        ("role_mapping", dict)):
         if body.get(name) is not None and not isinstance(body[name], kind):
-            raise ValueError(f"{name} must be {'a list' if kind is list else 'an object'}")
+            raise FieldError(name, f"{name} must be {'a list' if kind is list else 'an object'}")
     if isinstance(body.get("tools"), list) and not all(isinstance(t, dict) for t in body["tools"]):
-        raise ValueError("tools must be a list of objects")
+        raise FieldError("tools", "tools must be a list of objects")
     for i, message in enumerate(body.get("messages") or []):
         content = message.get("content")
         if not (content is None or isinstance(content, str) or (isinstance(content, list) and all(
                 isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content))):
-            raise ValueError(f"messages[{i}].content must be text, or a list of text parts "
+            raise FieldError("messages", f"messages[{i}].content must be text, or a list of text parts "
                              '({"type": "text", "text": "..."}): this server reads text only')
     for token, bias in (logit_bias or {}).items():
         if token < 0 or (n_vocab is not None and token >= n_vocab):
-            raise ValueError(f"logit_bias token id {token} is outside the vocabulary (ids 0..{(n_vocab or 2**31) - 1})")
+            raise FieldError("logit_bias", f"logit_bias token id {token} is outside the vocabulary (ids 0..{(n_vocab or 2**31) - 1})")
         if not math.isfinite(bias):
-            raise ValueError(f"logit_bias of token {token} must be a finite number")
+            raise FieldError("logit_bias", f"logit_bias of token {token} must be a finite number")
 
 
 class SpecAPIHandler(mlx_server.APIHandler):
@@ -792,8 +800,8 @@ class SpecAPIHandler(mlx_server.APIHandler):
                 log.info("request cut short: the server is stopping")
             elif not isinstance(exc, WorkerFailure):  # the worker logged its own failure
                 log.error("request failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
-            error = {"message": str(exc), "type": _ERROR_TYPES.get(status, "server_error"), "param": None,
-                     "code": None}
+            error = {"message": str(exc), "type": _ERROR_TYPES.get(status, "server_error"),
+                     "param": getattr(exc, "param", None), "code": None}
             self.close_connection = True
             if self._headers_sent:  # a stream has begun (a whole non-streamed answer was sent: nothing to add)
                 if self.stream:
@@ -807,37 +815,42 @@ class SpecAPIHandler(mlx_server.APIHandler):
         super().validate_model_parameters()
         body = self.body
         if self.max_tokens < 1:  # mlx-lm 0.32.0 accepts 0 and then fails mid-response
-            raise ValueError("max_tokens must be at least 1")
+            raise FieldError("max_tokens", "max_tokens must be at least 1")
         unknown = sorted(set(body) - MLX_LM_FIELDS - SPEC_FIELDS - OPENAI_FIELDS)
         if unknown:
             raise ValueError(f"Unrecognized request argument(s) supplied: {', '.join(unknown)}")
         for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             if isinstance(value, float) and not math.isfinite(value):
-                raise ValueError(f"{name} must be a finite number")
+                raise FieldError(name, f"{name} must be a finite number")
         if body.get("n", 1) != 1:
-            raise ValueError("n must be 1 (one choice per request)")
+            raise FieldError("n", "n must be 1 (one choice per request)")
         if body.get("tool_choice", "auto") not in ("auto", "none"):
-            raise ValueError("tool_choice must be 'auto' or 'none' on this server")
+            raise FieldError("tool_choice", "tool_choice must be 'auto' or 'none' on this server")
         if "messages" in body and not (isinstance(body["messages"], list) and body["messages"]
                                        and all(isinstance(m, dict) and "role" in m for m in body["messages"])):
-            raise ValueError("messages must be a non-empty list of objects with a role")
+            raise FieldError("messages", "messages must be a non-empty list of objects with a role")
         check_request_fields(body, self.logit_bias, self.response_generator.model_provider.n_vocab)
         if self.seed is not None and not 0 <= self.seed < 2 ** 64:  # mx.random.seed's range
-            raise ValueError("seed must be an integer in 0..2**64-1")
+            raise FieldError("seed", "seed must be an integer in 0..2**64-1")
         user = body.get("user")
         if user is not None and not isinstance(user, str):
-            raise ValueError("user must be a string")
+            raise FieldError("user", "user must be a string")
         speculator = self.response_generator.model_provider.draft_model
         speculative = body.get("speculative", speculator.speculative)
         if not isinstance(speculative, bool):
-            raise ValueError("speculative must be true or false")
+            raise FieldError("speculative", "speculative must be true or false")
         given = {k: body[k] for k in ("draft_max", "n_draft", "num_draft_tokens") if k in body}
         for name, value in given.items():
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                raise ValueError(f"{name} must be an integer >= 0, or null for the cost-aware choice")
+                raise FieldError(name, f"{name} must be an integer >= 0, or null for the cost-aware choice")
+            if value is not None and value > max(DEFAULT_K_MAX, speculator.draft_max or 0):
+                # one request's fixed width is every batched row's: a client may not make all forwards wide
+                raise FieldError(name, f"{name} must be at most {max(DEFAULT_K_MAX, speculator.draft_max or 0)} "
+                                       "(the cost-aware choice's limit, or the server's --draft-max if larger), "
+                                       f"got {value}")
         if len(set(map(json.dumps, given.values()))) > 1:
-            raise ValueError(f"{' and '.join(given)} are the same setting; give one of them")
+            raise FieldError(next(iter(given)), f"{' and '.join(given)} are the same setting; give one of them")
         draft_max = next(iter(given.values())) if given else speculator.draft_max
         drafter = body.get("drafter")
         drafter = speculator.drafter_name if drafter is None else drafter
@@ -865,7 +878,27 @@ class SpecAPIHandler(mlx_server.APIHandler):
 
     def generate_response(self, text, finish_reason, *args, **kwargs):
         response = super().generate_response(text, finish_reason, *args, **kwargs)
+        self._fix_top_logprobs(response, kwargs.get("tokens"), kwargs.get("token_logprobs"), kwargs.get("top_tokens"))
         return self._metrics(response) if finish_reason is not None else response
+
+    def _fix_top_logprobs(self, response: dict, tokens, token_logprobs, top_tokens) -> None:
+        """With ``top_logprobs``, mlx-lm 0.32 writes each ``logprobs.content`` entry as the FIRST of the top
+        tokens in ``mx.argpartition`` order (not sorted): not the generated token, nor the most likely one, and
+        changing with the last bits of the logits (so between speculative and plain decoding). Here each entry is
+        the generated token (id, text, log-probability) and its ``top_logprobs`` are sorted, most likely first,
+        as OpenAI's API gives them."""
+        content = (response["choices"][0].get("logprobs") or {}).get("content")
+        if not (content and top_tokens and tokens and len(tokens) == len(top_tokens) == len(content)):
+            return
+        tokenizer = self.response_generator.model_provider.tokenizer
+        texts = tokenizer.convert_ids_to_tokens([int(t) for t in tokens])
+        fixed = []
+        for i, (token, tops) in enumerate(zip(tokens, top_tokens)):
+            tops = sorted(tops or (), key=lambda e: -e["logprob"])
+            logprob = (token_logprobs[i] if token_logprobs and i < len(token_logprobs)
+                       else next((e["logprob"] for e in tops if e["id"] == token), None))
+            fixed.append({"id": int(token), "token": texts[i], "logprob": logprob, "top_logprobs": tops})
+        response["choices"][0]["logprobs"]["content"] = fixed
 
     def completion_usage_response(self, *args, **kwargs):
         return self._metrics(super().completion_usage_response(*args, **kwargs))
@@ -917,7 +950,7 @@ class _OpenAIErrorBodies:
             if not isinstance(error, dict):
                 code = "model_not_found" if isinstance(self._handler._error, ModelNotServed) else None
                 error = {"message": str(error), "type": _ERROR_TYPES.get(status, "server_error"),
-                         "param": None, "code": code}
+                         "param": getattr(self._handler._error, "param", None), "code": code}
             data = json.dumps({"error": error}).encode()
         return data
 

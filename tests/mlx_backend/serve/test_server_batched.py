@@ -310,3 +310,66 @@ def test_a_second_sigterm_while_stopping_is_ignored(models, tmp_path):
     out = server.proc.communicate(timeout=600)[0].decode()
     assert server.proc.returncode == 0, out
     assert dyn.exists() and "already stopping" in out, out
+
+
+def test_top_logprobs_name_the_generated_token_sorted_most_likely_first(models):
+    """``logprobs`` with ``top_logprobs``, greedy, decoded in a batch with two other requests: each
+    ``logprobs.content`` entry is the generated token (the ids a ``logprobs``-only request gets, plain greedy
+    decoding's), with its own log-probability, and its ``top_logprobs`` come most likely first, the generated
+    (greedy) token among them with the same log-probability. Before, mlx-lm 0.32 wrote each entry as the first of
+    the top tokens in ``mx.argpartition`` order (unsorted): not the generated token at most positions, and
+    changing with the last bits of the logits, so between speculative and plain decoding."""
+    server = Server("--model", str(models["llama"]), "--decode-concurrency", "8")
+    try:
+        ids = run(server, *REQUESTS[0])[1]
+
+        def with_top(_):
+            return server.client.chat.completions.create(
+                model="default_model", messages=REQUESTS[0][1], max_tokens=N, temperature=0.0, logprobs=True,
+                top_logprobs=5)
+
+        with ThreadPoolExecutor(3) as pool:
+            others = [pool.submit(run, server, *REQUESTS[i]) for i in (1, 3)]
+            r = with_top(None)
+            assert all(f.result()[2] in ("stop", "length") for f in others)
+    finally:
+        server.stop()
+    content = r.choices[0].logprobs.content
+    assert [c.model_extra["id"] for c in content] == ids == plain_greedy(models["llama"], *REQUESTS[0][:2])
+    for entry in content:
+        tops = entry.top_logprobs
+        assert len(tops) == 5 and [t.logprob for t in tops] == sorted((t.logprob for t in tops), reverse=True)
+        assert tops[0].model_extra["id"] == entry.model_extra["id"]      # greedy: the most likely token
+        assert entry.logprob == pytest.approx(tops[0].logprob, abs=1e-6) and entry.token == tops[0].token
+
+
+BAD_SPEC_FIELDS = [({"draft_max": -1}, "draft_max"), ({"draft_max": "x"}, "draft_max"), ({"n_draft": 1.5}, "n_draft"),
+                   ({"drafter": "foo"}, "drafter"), ({"drafter": 3}, "drafter"), ({"speculative": "yes"}, "speculative"),
+                   ({"user": 5}, "user"), ({"stop": 3}, "stop"), ({"draft_max": 65}, "draft_max"),
+                   ({"num_draft_tokens": 10 ** 9}, "num_draft_tokens")]
+
+
+def test_bad_speculation_fields_get_400_naming_the_field_in_param_while_a_batch_decodes(models):
+    """Bad per-request fields sent (through the openai client) while two requests decode together: each is HTTP
+    400 whose OpenAI error body names the field in ``param`` (before: always null) and in the message; the two
+    requests in flight are answered exactly as alone, and the server serves on. A fixed draft length above 64
+    is refused: one request's width is that of every batched row (before: 10**9 accepted)."""
+    server = Server("--model", str(models["llama"]), "--decode-concurrency", "8")
+    try:
+        others = [REQUESTS[0], REQUESTS[3]]
+        alone = [run(server, *request) for request in others]
+        with ThreadPoolExecutor(len(others)) as pool:
+            futures = [pool.submit(run, server, *request) for request in others]
+            for fields, name in BAD_SPEC_FIELDS:
+                body = {"max_tokens": 8, **fields}
+                with pytest.raises(openai.BadRequestError) as refused:
+                    server.client.chat.completions.create(model="default_model", messages=MESSAGES[0],
+                                                          temperature=body.pop("temperature", 0.0), extra_body=body)
+                error = refused.value.body
+                assert error["type"] == "invalid_request_error" and error["param"] == name, (fields, error)
+                assert name in error["message"], (fields, error)
+            got = [f.result() for f in futures]
+        assert server.get("/health")[0] == 200
+    finally:
+        server.stop()
+    assert [g[:3] for g in got] == [a[:3] for a in alone]
