@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fnmatch
 import json
 import sys
+import tempfile
 import textwrap
 
 from conformance.backend import BUILTIN, ENV, PROTOCOL, resolve
@@ -99,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(progress_line(result), flush=True)
 
-    report = run_suite(backend, checks, options, on_result=finished, on_start=starting)
+    with _hypothesis_files_elsewhere():
+        report = run_suite(backend, checks, options, on_result=finished, on_start=starting)
     rerun = (f"python -m conformance --backend {backend.name}" + (" --thorough" if args.thorough else "")
              + (f" --examples {args.examples}" if args.examples else ""))
     print(summary(report, rerun))
@@ -108,6 +111,21 @@ def run(args: argparse.Namespace) -> int:
             json.dump(report.as_dict(), f, indent=2)
             f.write("\n")
     return 1 if report.failed else 0
+
+
+@contextlib.contextmanager
+def _hypothesis_files_elsewhere():
+    """hypothesis's own files (a ``.hypothesis/`` folder of cached constants, even with no example database)
+    in a temporary folder, removed after the run, not in the folder the command was run from."""
+    import hypothesis.configuration as configuration
+
+    before = getattr(configuration, "__hypothesis_home_directory", None)
+    with tempfile.TemporaryDirectory(prefix="ngram-spec-conformance-") as home:
+        configuration.set_hypothesis_home_dir(home)
+        try:
+            yield
+        finally:
+            configuration.set_hypothesis_home_dir(before)
 
 
 def _list(checks) -> int:

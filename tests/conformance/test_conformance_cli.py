@@ -246,3 +246,17 @@ def test_a_json_report_that_cannot_be_written_is_refused_before_the_run(tmp_path
     captured = capsys.readouterr()
     assert "checks" not in captured.out, captured.out          # no check ran
     assert f"--json {out}: the folder {out.parent} does not exist" in captured.err, captured.err
+
+
+def test_a_run_leaves_no_hypothesis_folder_where_it_was_started(tmp_path, monkeypatch, capsys):
+    """hypothesis writes a ``.hypothesis/`` folder of cached constants into the working directory even with
+    no example database: a user's folder gained one after every run; now it goes to a temporary folder,
+    and the home directory hypothesis had before is back after the run."""
+    import hypothesis.configuration as configuration
+
+    monkeypatch.chdir(tmp_path)
+    before = getattr(configuration, "__hypothesis_home_directory")
+    assert conformance_main(["--backend", "reference", "--check", "counts.*", "--examples", "2", "-q"]) == 0
+    capsys.readouterr()
+    assert list(tmp_path.iterdir()) == []
+    assert getattr(configuration, "__hypothesis_home_directory") == before
