@@ -39,7 +39,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache, BatchKVCache, BatchRotatingKVCache, CacheList
 
 from mlx_backend.decode.rollback import (GDN_PATHS, RollbackUnsupported, attach, checkpoint_interval,
-                                         default_gdn_path, detach, gdn_layer, gdn_projections)
+                                         default_gdn_path, detach, gdn_layer, gdn_projections, take_record)
 from mlx_backend.batch.ragged import _RaggedKV
 from mlx_backend.batch.rotating import _VerifyingRotating, keep_rows
 
@@ -89,6 +89,7 @@ class BatchVerifyCache:
                 else:
                     raise _unsupported(i, c)
         self.S = 0
+        self.records: list | None = None   # the last forward's GDN records (take_record)
         self.lengths: list[int] | None = None
         self.state_bytes = sum(4 * g.num_v_heads * g.head_v_dim * g.head_k_dim for g, _ in self.gdn)
 
@@ -144,6 +145,7 @@ class BatchVerifyCache:
                 layer._ngram_path = None
             for c in self.rotating:
                 c._ngram_verify = False
+        self.records = [take_record(layer) for layer, _ in self.gdn]   # this forward's, kept here (take_record)
         self.S, self.lengths = S, lengths
         return logits
 
@@ -159,14 +161,13 @@ class BatchVerifyCache:
             c.trim_rows(surplus)
         for c in self.rotating:
             keep_rows(c, m)
-        for layer, c in self.gdn:
-            self._keep_gdn(layer, c, m)
-            layer._ngram_record = None
+        for (layer, c), rec in zip(self.gdn, self.records):
+            self._keep_gdn(layer, c, rec, m)
+        self.records = None
         self.S, self.lengths = 0, None
 
     @staticmethod
-    def _keep_gdn(layer, c: ArraysCache, m: list[int]) -> None:
-        rec = layer._ngram_record
+    def _keep_gdn(layer, c: ArraysCache, rec, m: list[int]) -> None:
         K = layer.conv_kernel_size
         rows = mx.array(m)[:, None] + mx.arange(K - 1)[None]            # [B, K-1] conv window rows
         c[0] = mx.take_along_axis(rec.conv_input, rows[..., None], axis=1)

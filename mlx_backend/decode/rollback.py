@@ -426,6 +426,9 @@ class VerifyCache:
                     self.replayed_layers.add(type(c).__name__)
         self.S = 0
         self.recorded = False
+        # the last forward's record of each GDN layer (as self.gdn), taken off the layer: the layers are the
+        # model's, shared by every VerifyCache on it, and another run's forward in between must not replace it
+        self.records: list | None = None
         self.tokens = self.checkpoint = None
         self.n_replays = 0
         # bytes of one recurrent state of every GDN layer together (float32 [Hv, Dv, Dk] each)
@@ -458,6 +461,7 @@ class VerifyCache:
                 layer._ngram_path = None
             for c in self.rotating:
                 c._ngram_verify = False
+            self.records = [take_record(layer) for layer, _ in self.gdn]
         self.S, self.recorded = S, record
         return logits[0]
 
@@ -491,21 +495,28 @@ class VerifyCache:
         if m < self.S:
             for c in self.trimmed:
                 c.trim(self.S - m)
-            for layer, c in self.gdn:
-                rec = layer._ngram_record
+            for (layer, c), rec in zip(self.gdn, self.records):
                 K = layer.conv_kernel_size
                 c[0] = mx.contiguous(rec.conv_input[:, m:m + K - 1])
                 c[1] = rec.state_after(m, layer)
         if self.recorded:
             for c in self.rotating:
                 c.ngram_keep(m)
-        for layer, _ in self.gdn:
-            layer._ngram_record = None
+        self.records = None
         self.S, self.recorded = 0, False
 
     def close(self) -> None:
         """Give the GDN layers and the rotating caches back their own class."""
         _detach_all([layer for layer, _ in self.gdn] + self.rotating)
+
+
+def take_record(layer) -> "_Recording | None":
+    """The record a GDN layer left in the forward just run (None if it recorded nothing), removed from the
+    layer: the caller (a VerifyCache, a BatchVerifyCache) keeps it, since the layer is the model's, shared
+    by every run on it, and another run's forward before this one's keep() would replace it."""
+    record = getattr(layer, "_ngram_record", None)
+    layer._ngram_record = None
+    return record
 
 
 def _detach_all(layers) -> None:

@@ -230,3 +230,31 @@ def test_unsupported_caches_raise_naming_the_class():
     with pytest.raises(RollbackUnsupported, match="BatchKVCache.*finalize"):
         bvc.forward([[3], [5]], [1, 1])
     bvc.close()
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_next"])
+def test_a_batch_and_a_solo_verify_on_one_model_keep_their_own_records(arch):
+    """A batch verify and a single-sequence verify on the same model (its GatedDeltaNet layers shared),
+    forward, forward, keep, keep: each cuts its cache to its own states (before, the record lived on the
+    layer: the second forward replaced the first's, which the batch then cut its rows to)."""
+    model = models(arch)[0]
+    prompts, solo_prompt = [[1, 2, 3], [4, 5, 6, 7, 8]], [9, 10, 11, 12]
+    bvc = BatchVerifyCache(model, batch_of(model, prompts), "states")
+    svc = VerifyCache(model, prefilled(model, solo_prompt), "states")
+    rows, solo_row = [[3, 20, 21, 22], [8, 23, 24, 25]], [12, 26, 27, 28, 29]
+    try:
+        bvc.forward(rows, [4, 4])
+        svc.forward(solo_row, record=True)
+        bvc.keep([2, 3])
+        svc.keep(4)
+        one = bvc.forward([[30], [31]], [1, 1])
+        bvc.keep([1, 1])
+        solo_one = svc.forward([32])
+    finally:
+        bvc.close()
+        svc.close()
+    kept = [prompts[0][:-1] + rows[0][:2] + [30], prompts[1][:-1] + rows[1][:3] + [31]]
+    for b in range(2):
+        assert mx.allclose(one[b, 0], fresh_last_logits(model, kept[b]), atol=ATOL_FRESH, rtol=0).item(), b
+    fresh = fresh_last_logits(model, solo_prompt[:-1] + solo_row[:4] + [32])
+    assert mx.allclose(solo_one[0], fresh, atol=ATOL_FRESH, rtol=0).item()

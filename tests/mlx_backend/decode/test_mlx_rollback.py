@@ -251,7 +251,7 @@ def test_keep_m_after_a_verify_of_65_equals_processing_only_m_tokens(gdn_path, e
     vc = VerifyCache(model, cache, gdn_path, gdn_checkpoint_every=every)
     logits = vc.forward(verify)
     if gdn_path == "states":
-        rec = vc.gdn[0][0]._ngram_record
+        rec = vc.records[0]
         c = every or 1
         assert rec.every == c and sorted(rec.states) == list(range(c, 65, c))   # checkpoints only
     vc.keep(m)
@@ -291,8 +291,8 @@ def test_default_checkpoint_interval_bounds_the_kept_states(monkeypatch):
     monkeypatch.setattr(rollback, "GDN_STATE_BUDGET", 3 * vc.state_bytes)
     monkeypatch.setattr(rollback.checkpoint_interval, "__defaults__", (3 * vc.state_bytes,))
     vc.forward(list(range(65)))
-    for layer, _ in vc.gdn:
-        assert len(layer._ngram_record.states) <= 3 and layer._ngram_record.every == 22
+    for rec in vc.records:
+        assert len(rec.states) <= 3 and rec.every == 22
     vc.keep(30)
     vc.close()
     assert rollback.checkpoint_interval(65, 144 * 2 ** 20, 512 * 2 ** 20) == 18
