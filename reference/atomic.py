@@ -298,7 +298,7 @@ def atomic_files(folder: str | os.PathLike) -> Iterator[Path]:
             files = sorted(tmp.iterdir())
             for f in files:
                 _check_writable(folder / f.name, folder / f.name)
-            with _locked(folder), _signals_held():
+            with locked_folder(folder), _signals_held():
                 for f in files:
                     os.chmod(f, _file_mode(folder / f.name))   # the old file's mode, else the umask's
                     os.replace(f, folder / f.name)
@@ -313,9 +313,10 @@ def atomic_files(folder: str | os.PathLike) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def _locked(folder: Path) -> Iterator[None]:
+def locked_folder(folder: Path) -> Iterator[None]:
     """An exclusive ``flock`` on the folder itself (no lock file left behind), released at the end; where
-    folders cannot be locked (no ``fcntl``, a file system without locks) the block runs unlocked."""
+    folders cannot be locked (no ``fcntl``, a file system without locks) the block runs unlocked. For a
+    read-modify-write of a file in it by several processes (:func:`atomic_files`, the learned step costs)."""
     try:
         import fcntl
         fd = os.open(folder, os.O_RDONLY)

@@ -56,10 +56,8 @@ import itertools
 import json
 import logging
 import math
-import os
 import platform
 import statistics
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -72,6 +70,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_backend.machine.blas import blas_in_use
 from mlx_backend.decode.rollback import VerifyCache
 from mlx_backend.machine.user_cache import cache_dir
+from reference.atomic import atomic_write, locked_folder
 
 log = logging.getLogger(__name__)
 
@@ -464,7 +463,11 @@ def save_costs(costs: StepCosts) -> None:
         return
     path = cost_file()
     try:
-        _write_json(path, {**_read_json(path), costs.key: {str(S): v for S, v in costs.samples.items()}})
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with locked_folder(path.parent):   # processes saving at once each add their model's entry
+            data = {**_read_json(path), costs.key: {str(S): v for S, v in costs.samples.items()}}
+            with atomic_write(path, "w") as f:
+                json.dump(data, f)
     except OSError as exc:   # only a cache: the run's output stands; say where, and how to move it
         log.warning("could not save the learned step costs to %s (%s); they are learned again next run. Set "
                     "NGRAM_SPEC_CACHE_DIR to a writable folder to keep them", path, exc.strerror or exc)
@@ -527,15 +530,3 @@ def _read_json(path) -> dict:
         return {}   # a damaged cost cache is only a cache: learn again
     return data if isinstance(data, dict) else {}
 
-
-def _write_json(path, data: dict) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -187,6 +187,43 @@ def test_learned_costs_are_kept_for_later_runs(tmp_path, monkeypatch):
     assert again is not learned and again.samples == learned.samples and again.estimate() == learned.estimate()
 
 
+SAVER = """
+import pathlib, sys, time
+from mlx_backend.decode import draft_policy
+ready = pathlib.Path(sys.argv[2])
+(ready / sys.argv[1]).touch()
+while len(list(ready.iterdir())) < 2:   # both processes save during the same two seconds
+    time.sleep(0.01)
+stop, i = time.time() + 2, 0
+while time.time() < stop:
+    costs = draft_policy.StepCosts(9, {0: [0.1]}, key=f"{sys.argv[1]}-{i}")
+    costs.n_new = 1
+    draft_policy.save_costs(costs)
+    i += 1
+print(i)
+"""
+
+
+def test_processes_saving_costs_at_once_keep_every_entry_and_no_temporary(tmp_path):
+    """Two processes saving step costs during the same two seconds (generate runs ending together): every
+    entry each saved is in the file and no temporary is left (before: a read-modify-write without a lock lost
+    entries, and its temporary had a visible name, left behind on SIGTERM)."""
+    import os
+    import subprocess
+    import sys
+
+    cache, ready = tmp_path / "cache", tmp_path / "ready"
+    ready.mkdir()
+    env = {**os.environ, "NGRAM_SPEC_CACHE_DIR": str(cache)}
+    procs = [subprocess.Popen([sys.executable, "-c", SAVER, name, str(ready)], env=env, stdout=subprocess.PIPE,
+                              text=True) for name in "ab"]
+    counts = [int(p.communicate(timeout=300)[0]) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0] and min(counts) > 10, counts
+    stored = json.loads((cache / "step-costs.json").read_text())
+    assert sorted(stored) == sorted(f"{name}-{i}" for name, n in zip("ab", counts) for i in range(n))
+    assert [p.name for p in cache.iterdir()] == ["step-costs.json"]
+
+
 def test_damaged_entries_of_the_cost_file_are_dropped_and_a_failed_save_only_warns(tmp_path, monkeypatch, caplog):
     """A step-costs.json that is still JSON but holds entries of the wrong shape under the model's key (before:
     a TypeError or a ZeroDivisionError in every run until the file was deleted) keeps its good entries and
