@@ -37,7 +37,7 @@ class Check:
     needs: tuple[str, ...] = ()
     given: dict[str, Any] = field(default_factory=dict)  # hypothesis strategies, by argument name
     examples: int = 0  # property checks: examples in a default run (``--thorough``: x THOROUGH)
-    fast: bool = True  # part of ``--fast`` runs (the meta-tests use those)
+    fast: bool = True  # run by the meta-tests' cut-down suites (tests/conformance/meta/test_mutants.py)
 
     @property
     def id(self) -> str:

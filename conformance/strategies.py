@@ -4,7 +4,7 @@
 * :func:`periodic_streams`: a repeated period with random substitutions (what drafting is for);
 * :func:`zipf_streams`: a few frequent tokens and a long tail, like text;
 * :func:`schedules`: what a scripted drafter offers at each step of a generation (see
-  :mod:`conformance.scripted`): the true continuation, a wrong token after ``j`` right ones, or nothing.
+  :class:`conformance.models.ScriptedDrafter`): the true continuation, a wrong token after ``j`` right ones, or nothing.
 
 Token ids are offset by a drawn base so that backends cannot rely on small ids.
 """

@@ -1,6 +1,6 @@
 """The fast backend of ngram-spec: n-gram speculative decoding for mlx-lm models, floors by concern
-(docs/architecture.md): ``machine`` < ``ngram`` < ``decode`` < ``models`` < ``distributed``, ``serve`` <
-``cli``.
+(docs/architecture.md): ``machine`` < ``ngram``, ``suffix`` < ``decode`` < ``models``, ``batch`` <
+``distributed``, ``serve`` < ``cli``.
 
 The names a user's code starts from, in mlx-lm's shape::
 

@@ -25,7 +25,8 @@ end and overshoots ``-n``). Every emitted token is the greedy
 token for its prefix, so the output equals :func:`greedy_generate` token for token (exactly, for the
 NumPy reference, whose forward is batch-invariant). The MLX backend
 (:func:`mlx_backend.decode.generate.ngram_speculative_generate_step`) follows the same rule, so both give the
-same tokens and the same counts (``tests/test_generate_parity.py``).
+same tokens and the same counts (``tests/mlx_backend/decode/test_mlx_generate_reference.py``, and the
+conformance suite's ``greedy`` area for both backends).
 """
 from __future__ import annotations
 

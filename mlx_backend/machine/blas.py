@@ -318,24 +318,23 @@ def _env(library: Path, gfortran: Path | None = None) -> dict[str, str]:
     return env
 
 
-def first_working(found: list[tuple[str, dict[str, str]]], *, cpuinfo: Path | None = None,
-                  log=None) -> tuple[str, dict[str, str]] | None:
+def first_working(found: list[tuple[str, dict[str, str]]], *, log=None) -> tuple[str, dict[str, str]] | None:
     """The first of ``found`` (:func:`candidates`) that passed its check on this CPU, or None. Each
     one that failed is one line on ``log``: which library, why, the CPU, and what comes instead."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     for i, (source, env) in enumerate(found):
-        ok, why, _ = checked(env, cpuinfo)
+        ok, why, _ = checked(env)
         if ok:
             return source, env
-        cpu = cpu_identity(cpuinfo)
+        cpu = cpu_identity()
         instead = f"trying the {found[i + 1][0]}" if i + 1 < len(found) else "running on mlx's bundled reference BLAS"
         log(f"[blas] skipping {env['LD_PRELOAD']} ({source}): {why}, on this CPU ({cpu['model']}; {_simd(cpu)}); "
             f"{instead}")
     return None
 
 
-def ensure_fast_blas(argv: list[str], choice: str | None = None, *, module: str = "mlx_backend.cli", log=None) -> None:
-    """Re-execute ``python -m module *argv`` with an optimized BLAS interposed when
+def ensure_fast_blas(argv: list[str], choice: str | None = None, *, log=None) -> None:
+    """Re-execute ``python -m mlx_backend.cli *argv`` with an optimized BLAS interposed when
     :func:`candidates` offers one that works on this CPU (never returns then); otherwise return,
     after a note on stderr naming what to do when the bundled reference BLAS stays. ``choice``
     defaults to ``$NGRAM_SPEC_BLAS`` (refused, naming the variable, when it is not a choice) or ``auto``.
@@ -365,4 +364,4 @@ def ensure_fast_blas(argv: list[str], choice: str | None = None, *, module: str 
     source, env = chosen
     log(f"[blas] re-running with the {source}: LD_PRELOAD={env['LD_PRELOAD']} "
         f"OPENBLAS_NUM_THREADS={env['OPENBLAS_NUM_THREADS']} (--blas bundled keeps mlx's own BLAS)")
-    os.execve(sys.executable, [sys.executable, "-m", module, *argv], {**os.environ, **env, REEXEC_MARK: choice})
+    os.execve(sys.executable, [sys.executable, "-m", "mlx_backend.cli", *argv], {**os.environ, **env, REEXEC_MARK: choice})

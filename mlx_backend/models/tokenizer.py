@@ -18,7 +18,7 @@ from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
 
 from mlx_backend.models.gguf_file import GGUFError, default_model_path, metadata_value, read_gguf
 
-TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_USER_DEFINED = 1, 3, 4
+TOKEN_CONTROL, TOKEN_USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values (llama.cpp's LLAMA_TOKEN_TYPE_*)
 
 # tokenizer.ggml.pre -> the pre-tokenizer llama.cpp applies before byte-level BPE.
 _PRE_TOKENIZERS = {

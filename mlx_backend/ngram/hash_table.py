@@ -18,7 +18,7 @@ branch-free binary search over them (the layout of the seed ``000_b543da7ce10ed4
 
 Drafting follows ``reference.ngram.draft`` exactly (ties to the smallest token id, negative-start n-grams
 skipped, ``score="exact"`` compares 128-bit products, ``score="int32"`` wraps every sum and product
-like llama.cpp's ``int``); ``tests/test_tables*.py`` check it.
+like llama.cpp's ``int``); ``tests/mlx_backend/ngram/test_tables*.py`` check it.
 """
 from __future__ import annotations
 

@@ -46,6 +46,7 @@ class Attention:
             self.q_norm, self.k_norm = w["q_norm.weight"], w["k_norm.weight"]
 
     def new_state(self, dtype) -> KVState:
+        """An empty KV state: no rows (``KVCache`` before the first token)."""
         empty = np.zeros((self.n_kv_heads, 0, self.head_dim), dtype)
         return KVState(empty, empty.copy())
 

@@ -45,9 +45,11 @@ class RecurrentState:
         self.trace = None
 
     def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of the conv window and ``S`` (for :meth:`ModelCache.checkpoint`)."""
         return self.conv.copy(), self.recurrent.copy()
 
     def restore(self, saved: tuple[np.ndarray, np.ndarray]) -> None:
+        """Go back to a :meth:`snapshot` (copied again, so it can be restored twice); the trace is dropped."""
         self.conv, self.recurrent = (a.copy() for a in saved)
         self.trace = None
 
@@ -62,6 +64,7 @@ class KVState:
 
     @property
     def offset(self) -> int:
+        """T, the tokens the layer has seen."""
         return self.keys.shape[1]
 
     def append(self, keys: np.ndarray, values: np.ndarray) -> None:
@@ -77,9 +80,11 @@ class KVState:
         self.trace = None
 
     def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of ``keys`` and ``values`` (for :meth:`ModelCache.checkpoint`)."""
         return self.keys.copy(), self.values.copy()
 
     def restore(self, saved: tuple[np.ndarray, np.ndarray]) -> None:
+        """Go back to a :meth:`snapshot` (copied again, so it can be restored twice); the trace is dropped."""
         self.keys, self.values = (a.copy() for a in saved)
         self.trace = None
 

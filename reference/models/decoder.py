@@ -16,6 +16,9 @@ from reference.models.ops import linear, rms_norm
 
 @dataclass
 class DecoderLayer:
+    """One pre-norm residual layer (mlx-lm's ``DecoderLayer``): ``h = x + mixer(rms_norm(x, input_norm))``,
+    ``out = h + mlp(rms_norm(h, post_norm))`` (:meth:`Model.forward`)."""
+
     mixer: Callable  # GatedDeltaNet or Attention: (x, state) -> x
     mlp: Callable  # MLP or SparseMoe: x -> x
     input_norm: np.ndarray
@@ -38,6 +41,7 @@ class Model:
 
     @property
     def model_type(self) -> str:
+        """config.json's ``model_type`` (``llama``, ``qwen3_5``, ``qwen3_next``, ...)."""
         return self.config["model_type"]
 
     def make_cache(self) -> ModelCache:

@@ -25,6 +25,8 @@ def is_sparse_layer(i: int, config: dict) -> bool:
 
 
 def build(config: dict, weights: Weights, dtype) -> Model:
+    """mlx-lm's llama ``Model``: every layer attention (windowed for ``"sliding_attention"``) and a SwiGLU
+    MLP; the LM head is the embedding unless ``tie_word_embeddings`` is false (default true)."""
     layer_types = config.get("layer_types") or ["full_attention"] * config["num_hidden_layers"]
     if set(layer_types) - {"full_attention", "sliding_attention"}:
         raise ValueError(f"unknown llama layer types {sorted(set(layer_types))}; the reference knows "

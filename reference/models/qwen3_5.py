@@ -76,6 +76,9 @@ def sanitize(arrays: dict[str, np.ndarray], config: dict) -> dict[str, np.ndarra
 
 
 def build(config: dict, weights: Weights, dtype) -> Model:
+    """mlx-lm's qwen3_5 ``Model`` (text part): :func:`is_linear_layer` picks a :class:`SplitGatedDeltaNet`
+    or gated attention, :func:`is_sparse_layer` the MoE or a SwiGLU MLP; the LM head is separate unless
+    ``tie_word_embeddings`` (default false)."""
     c = text_config(config)
     partial_rotary_factor, rope_theta, rope_scaling = rope_settings(c)
     layers = []

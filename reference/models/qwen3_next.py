@@ -54,6 +54,8 @@ def is_sparse_layer(i: int, config: dict) -> bool:
 
 
 def build_attention(w: Weights, c: dict, partial_rotary_factor: float, rope_theta: float, rope_scaling) -> Attention:
+    """Gated attention (``Qwen3NextAttention``): q/k RMSNorm, an output gate, rope on the first
+    ``head_dim * partial_rotary_factor`` dimensions of each head."""
     head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
     rope = make_rope(int(head_dim * partial_rotary_factor), rope_theta, False, rope_scaling)
     return Attention(w, c["num_attention_heads"], c["num_key_value_heads"], head_dim, rope, gated=True,
@@ -61,6 +63,7 @@ def build_attention(w: Weights, c: dict, partial_rotary_factor: float, rope_thet
 
 
 def gdn_args(c: dict) -> dict:
+    """The GatedDeltaNet's head counts and sizes from the config's ``linear_*`` keys (``Qwen3NextGatedDeltaNet``)."""
     return dict(n_k_heads=c["linear_num_key_heads"], n_v_heads=c["linear_num_value_heads"],
                 d_k=c["linear_key_head_dim"], d_v=c["linear_value_head_dim"], eps=c.get("rms_norm_eps", 1e-6))
 
@@ -88,6 +91,9 @@ def sanitize(arrays: dict[str, np.ndarray], config: dict) -> dict[str, np.ndarra
 
 
 def build(config: dict, weights: Weights, dtype) -> Model:
+    """mlx-lm's qwen3_next ``Model``: :func:`is_linear_layer` picks a :class:`FusedGatedDeltaNet` or
+    :func:`build_attention`, :func:`is_sparse_layer` the MoE or a SwiGLU MLP; the LM head is separate
+    unless ``tie_word_embeddings`` (default false)."""
     c = config
     layers = []
     for i in range(c["num_hidden_layers"]):

@@ -22,5 +22,6 @@ class Weights:
         return self.arrays.get(name)
 
     def group(self, prefix: str) -> "Weights":
+        """The tensors under ``prefix``, named without it (errors still name the full tensor)."""
         found = {k[len(prefix):]: v for k, v in self.arrays.items() if k.startswith(prefix)}
         return Weights(found, self.source, self.prefix + prefix)

@@ -27,7 +27,8 @@ Ngram = tuple[int, ...]
 
 
 class NgramCache:
-    """Counts ``c(eta, y)``: ``counts[eta][y]`` for n-grams ``eta`` (tuples of 1..4 tokens).
+    """Counts ``c(eta, y)``: ``counts[eta][y]`` for n-grams ``eta`` (tuples of 1..4 tokens); llama.cpp's
+    ``common_ngram_cache``, a map from n-gram to a ``common_ngram_cache_part`` of follower counts (h:58-61).
 
     Every stored count is positive; an n-gram is present only if some token followed it.
     """
@@ -93,6 +94,7 @@ class NgramCache:
         return NgramCache({eta: dict(part) for eta, part in self.counts.items()})
 
     def clear(self) -> None:
+        """Remove every n-gram."""
         self.counts.clear()
 
     def __len__(self) -> int:

@@ -43,7 +43,8 @@ SCORES = ("exact", "int32")
 
 
 class Thresholds(NamedTuple):
-    """Per n-gram size n (index n-1): minimum sample size ``a_n`` and minimum percentage ``p_n``."""
+    """Per n-gram size n (index n-1): minimum sample size ``a_n`` and minimum percentage ``p_n``
+    (llama.cpp's ``draft_min_sample_size_*`` and ``draft_min_percent_*``, ngram-cache.cpp:59-62)."""
 
     a_n: tuple[int, int, int, int]
     p_n: tuple[int, int, int, int]

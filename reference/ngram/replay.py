@@ -59,6 +59,7 @@ class ReplayStats:
 
 
 def check_replay_args(n_ctx: int, n_draft: int) -> None:
+    """Refuse what lookup-stats cannot replay: ``n_ctx < 2`` (no chunk could draft) or ``n_draft < 0``."""
     if n_ctx < 2:
         raise ValueError(f"n_ctx must be >= 2 (a chunk needs 2 tokens before anything can be drafted), got {n_ctx}")
     if n_draft < 0:  # 0: nothing is drafted, every token is "sampled" (lookup-stats --draft-max 0)

@@ -36,16 +36,19 @@ class AutoDrafter:
         self.match_length = 0
 
     def reset(self, prompt: Sequence[int]) -> None:
+        """Reset both drafters with the prompt."""
         self.suffix.reset(prompt)
         self.lookup.reset(prompt)
         self.match_length = 0
 
     def extend(self, tokens: Iterable[int]) -> None:
+        """Hand the emitted tokens to both drafters (the one not asked must still see them)."""
         tokens = list(tokens)
         self.suffix.extend(tokens)
         self.lookup.extend(tokens)
 
     def draft(self, k: int) -> list[int]:
+        """The suffix drafter's draft when its ``L >= min_match``, else the lookup's (the module's rule)."""
         drafts = self.suffix.draft(k)
         self.match_length = self.suffix.match_length
         if self.match_length >= self.min_match:

@@ -81,6 +81,7 @@ class SuffixHistory:
         self.n_tokens = 0
 
     def add(self, tokens: Iterable[int]) -> None:
+        """Append a finished sequence, then drop the oldest while over ``max_tokens`` (see above)."""
         seq = check_token_list(tokens)[-self.max_tokens:] if self.max_tokens else []
         if seq:
             self.sequences.append(seq)
@@ -153,13 +154,17 @@ class SuffixDrafter:
         self.match_length = 0
 
     def reset(self, prompt: Sequence[int]) -> None:
+        """Start a sequence: ``T`` = the prompt (the history is kept)."""
         self.tokens = check_token_list(prompt)
         self.match_length = 0
 
     def extend(self, tokens: Iterable[int]) -> None:
+        """Append emitted tokens to ``T``."""
         self.tokens.extend(check_token_list(tokens))
 
     def draft(self, k: int) -> list[int]:
+        """``d_0 .. d_{n_d-1}`` of the module's rule for ``T`` and the history (``[]`` without a match or
+        for ``k = 0``); sets :attr:`match_length` to ``L`` even when ``k = 0``."""
         if not isinstance(k, numbers.Integral) or k < 0:
             raise ValueError(f"k must be a whole number >= 0, got {k!r}")
         history = self.history.sequences if self.history is not None else []
