@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from reference.suffix.auto import AUTO_MIN_MATCH, DRAFTERS
 
-drafter_names = DRAFTERS  # the names make_drafter accepts
-
 
 def ngram_api():
     """The n-gram module used by default: ``mlx_backend.ngram.api`` (array-based) if present, else ``reference.ngram.api``."""

@@ -18,7 +18,7 @@ pytest.importorskip("numba")
 
 import mlx_backend.suffix.index as index  # noqa: E402
 import reference.suffix.drafter as ref  # noqa: E402
-from mlx_backend.ngram.default import DRAFTERS, drafter_names, make_drafter  # noqa: E402
+from mlx_backend.ngram.default import DRAFTERS, make_drafter  # noqa: E402
 from mlx_backend.suffix.drafter import SuffixDrafter, SuffixHistory  # noqa: E402
 from reference.drafter import Drafter  # noqa: E402
 from reference.suffix.auto import AutoDrafter  # noqa: E402
@@ -166,7 +166,7 @@ def test_the_drafter_is_a_drafter_and_checks_its_input():
 def test_make_drafter_builds_the_fast_drafters():
     from mlx_backend.ngram.drafter import NgramDrafter
 
-    assert drafter_names == DRAFTERS == ("lookup", "suffix", "auto")
+    assert DRAFTERS == ("lookup", "suffix", "auto")
     h = SuffixHistory()
     assert isinstance(make_drafter("lookup"), NgramDrafter)
     assert isinstance(make_drafter("suffix", history=h), SuffixDrafter)
