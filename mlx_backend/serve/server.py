@@ -226,6 +226,19 @@ def _scope_file(directory: Path, user: str) -> Path:
     return directory / f"user-{hashlib.sha256(user.encode()).hexdigest()[:32]}.ngram"
 
 
+def check_user_caches(directory: Path) -> None:
+    """Read every user's dynamic cache under ``directory`` once at start (each is loaded again, lazily, at
+    that user's first request). Before, a damaged, empty or foreign file was found only then, inside the
+    generation worker: that one user's request stopped the whole server (exit status 1, every request in
+    flight answered 500). Now it is one line before the model loads (ValueError: exit status 2)."""
+    for file in sorted(directory.glob("user-*.ngram")):
+        try:
+            load_dynamic(file)
+        except (ValueError, OSError) as exc:
+            raise ValueError(f"--dynamic {directory}: a user's dynamic cache cannot be read ({exc}); move it "
+                             f"away or delete it (that user's cache then starts empty)") from None
+
+
 class NgramSpeculator:
     """Server-wide drafting state, plugged in where mlx-lm's server keeps its draft model.
 
@@ -258,6 +271,7 @@ class NgramSpeculator:
         self._dirty: set = set()
         if self.path is not None and scope == "user":
             self.path.mkdir(parents=True, exist_ok=True)
+            check_user_caches(self.path)
         elif self.path is not None:
             self.c_dyn[None] = as_table(load_dynamic(self.path), copy=False)
         self.lock = threading.Lock()
@@ -341,6 +355,8 @@ class NgramSpeculator:
         history = self.history_for(spec.user)
         if history is not None:
             history.add(full)
+        if len(full) <= n_prompt:   # no output: nothing to learn (and a cache still empty has no file to save)
+            return
         table = self.dynamic_for(spec.user)
         table.update(np.asarray(full, np.int32), n_prompt, len(full))
         self._dirty.add(self._key(spec.user))
@@ -356,18 +372,31 @@ class NgramSpeculator:
             self._rows[1] = max(self._rows[1], rows)
 
     def save(self) -> None:
-        """Write every changed dynamic cache to its file atomically."""
+        """Write every changed dynamic cache to its file atomically. A cache that cannot be written stays
+        changed (written at the next save) and its file keeps its last save; the others are still written, then
+        the first failure is raised (before: the first failure stopped the loop, so with ``--dynamic-scope
+        user`` one user's unwritable file lost every later user's save)."""
         if self.path is None:
             return
+        saved, failure = 0, None
         for key in sorted(self._dirty, key=str):
             path = self.path if self.scope == "server" else _scope_file(self.path, key)
-            save_dynamic(path, self.c_dyn[key], None)
-        if self._dirty:
+            try:
+                save_dynamic(path, self.c_dyn[key], None)
+            except Exception as exc:
+                log.error("the dynamic n-gram cache %s cannot be saved (%s: %s); the file keeps its last save",
+                          path, type(exc).__name__, exc)
+                failure = failure or exc
+                continue
+            self._dirty.discard(key)
+            saved += 1
+        if saved:
             with self.lock:
                 self.totals["dynamic_saves"] += 1
-            log.info("saved %d dynamic n-gram cache(s) to %s", len(self._dirty), self.path)
-        self._dirty.clear()
+            log.info("saved %d dynamic n-gram cache(s) to %s", saved, self.path)
         self._since_save = 0
+        if failure is not None:
+            raise failure
 
     def stats(self) -> dict:
         """Totals since start (``GET /v1/stats``)."""
@@ -1049,12 +1078,15 @@ def run_serve(args) -> int:
             pass
         finally:
             generator.stop_and_join()
-            if generator.failure is None:
-                speculator.save()
+            saved = generator.failure is not None or _save_on_shutdown(speculator)
         if generator.failure is None:
             if not generator.wait_answered(ANSWER_TIMEOUT_S):
                 log.warning("some requests were still being answered %.0f s after the server stopped",
                             ANSWER_TIMEOUT_S)
+            if not saved:
+                log.error("stopped, but the dynamic n-gram cache was not saved (above): what was learned since "
+                          "its last save is lost (exit status 1)")
+                return 1
             return 0
         if not generator.wait_answered(ANSWER_TIMEOUT_S):
             log.error("some requests were still being answered %.0f s after the failure", ANSWER_TIMEOUT_S)
@@ -1062,6 +1094,30 @@ def run_serve(args) -> int:
         log.warning("the dynamic n-gram cache is not saved after a failure: %s keeps its last save", speculator.path)
     log.critical("stopped after the generation worker failed (exit status 1)")
     return 1
+
+
+def _save_on_shutdown(speculator: NgramSpeculator) -> bool:
+    """Save the dynamic caches once the server has stopped; False (logged) if one could not be written.
+
+    The save runs in a thread of its own while the main thread waits: ``atomic_write`` puts its own SIGTERM
+    handler (``SystemExit(143)``) in place while it writes in the main thread, so there a second SIGTERM
+    during the save (a supervisor's repeated stop, a large cache written slowly) abandoned the save and exited
+    143, losing what was learned; in another thread the handler of :func:`_stopped_once_by_signals` stays,
+    which logs and ignores it. A file that cannot be written was a one-line ``error:`` and exit status 2 (that
+    of a bad flag); it is logged, the other users' files are still written, and the exit status is 1."""
+    failure: list[BaseException] = []
+
+    def save():
+        try:
+            speculator.save()
+        except BaseException as exc:  # noqa: BLE001  (logged by save; reported by the exit status)
+            failure.append(exc)
+
+    thread = threading.Thread(target=save, name="save-dynamic-cache")
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.1)   # a signal meanwhile is handled here, in the main thread
+    return not failure
 
 
 @contextlib.contextmanager

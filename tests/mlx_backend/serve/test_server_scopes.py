@@ -1,0 +1,129 @@
+"""What ``ngram-spec serve`` keeps across requests and restarts, per scope (``--dynamic-scope``): the dynamic
+caches' files are checked at start, and an operator's mistakes there are one line, not a failure later."""
+from __future__ import annotations
+
+import hashlib
+import signal
+import time
+
+import pytest
+
+pytest.importorskip("mlx_lm")
+
+from mlx_backend.cli import main  # noqa: E402
+
+pytest.importorskip("openai")
+
+
+def user_file(folder, user: str):
+    return folder / f"user-{hashlib.sha256(user.encode()).hexdigest()[:32]}.ngram"
+
+
+@pytest.mark.parametrize("content", [b"", b"garbage bytes, not a cache", b"\x01\x00\x00\x00" * 3],
+                         ids=["empty", "damaged", "foreign"])
+def test_a_damaged_user_cache_is_one_line_at_start(capsys, tmp_path, content):
+    """Before: ``--dynamic-scope user`` read a user's file only at that user's first request, inside the
+    generation worker, so one damaged file stopped the whole server then (exit status 1, every request in
+    flight answered 500). ``--model nowhere``: the check comes before the model is loaded."""
+    folder = tmp_path / "users"
+    folder.mkdir()
+    user_file(folder, "alice").write_bytes(content)
+    assert main(["serve", "--blas", "bundled", "--model", "nowhere", "--dynamic-scope", "user",
+                 "--dynamic", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--dynamic {folder}: a user's dynamic cache cannot be read" in err, err
+    assert str(user_file(folder, "alice")) in err and "Traceback" not in err, err
+    assert user_file(folder, "alice").read_bytes() == content     # left as it was
+
+
+def test_readable_user_caches_pass_the_check_at_start(capsys, tmp_path):
+    from mlx_backend.serve.server import NgramSpeculator, RequestSpec
+
+    folder = tmp_path / "users"
+    first = NgramSpeculator(dynamic=str(folder), scope="user")
+    first.finish(RequestSpec(True, 4, "alice"), [5, 6, 7, 5, 6, 7], 2, completed=True)
+    first.save()
+    assert user_file(folder, "alice").is_file()
+    again = NgramSpeculator(dynamic=str(folder), scope="user")
+    assert len(again.dynamic_for("alice")) == len(first.dynamic_for("alice")) > 0
+    assert len(again.dynamic_for("bob")) == 0
+
+
+def test_one_unwritable_user_cache_does_not_stop_the_others_being_saved(tmp_path):
+    """Before: ``save`` stopped at the first file it could not write, so every later user's cache went
+    unsaved (and was marked saved)."""
+    from mlx_backend.ngram.dynamic_cache import load_dynamic
+    from mlx_backend.serve.server import NgramSpeculator, RequestSpec
+
+    folder = tmp_path / "users"
+    speculator = NgramSpeculator(dynamic=str(folder), scope="user")
+    for user in ("alice", "bob"):
+        speculator.finish(RequestSpec(True, 4, user), [5, 6, 7, 5, 6, 7], 2, completed=True)
+    user_file(folder, "alice").mkdir()           # sorted first: alice's hash begins 2bd8, bob's 81b6
+    with pytest.raises(IsADirectoryError):
+        speculator.save()
+    assert len(load_dynamic(user_file(folder, "bob"))) > 0
+    assert sorted(p.name for p in folder.iterdir()) == sorted([user_file(folder, "alice").name,
+                                                               user_file(folder, "bob").name])   # no temporary
+    user_file(folder, "alice").rmdir()
+    speculator.save()                             # still to be saved, and saved now
+    assert len(load_dynamic(user_file(folder, "alice"))) > 0
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    path = tmp_path_factory.mktemp("scope-models") / "llama"
+    assert main(["tiny-model", "--arch", "llama", "--out", str(path)]) == 0
+    return path
+
+
+def served(llama, dyn, monkeypatch, hold_s: str):
+    """A server with ``--dynamic dyn`` that answered one request; every write of the cache waits ``hold_s``
+    seconds before its rename (reference.atomic's test hook)."""
+    from test_server import Server  # tests/mlx_backend/serve/test_server.py
+
+    monkeypatch.setenv("NGRAM_SPEC_TEST_HOLD_BEFORE_RENAME", hold_s)
+    server = Server("--model", str(llama), "--dynamic", str(dyn), "--save-every", "100", "--draft-max", "3")
+    server.client.completions.create(model="default_model", prompt="one two three one two three one", max_tokens=8,
+                                     temperature=0.0)
+    return server
+
+
+def test_a_second_sigterm_during_the_shutdown_save_does_not_abandon_it(llama, tmp_path, monkeypatch):
+    """Before: the shutdown save ran in the main thread, where ``atomic_write`` puts its own SIGTERM handler,
+    so a second SIGTERM while the file was written exited 143 without saving (what was learned lost)."""
+    from mlx_backend.ngram.dynamic_cache import load_dynamic
+
+    dyn = tmp_path / "dyn.ngram"
+    server = served(llama, dyn, monkeypatch, "3")
+    server.proc.send_signal(signal.SIGTERM)
+    time.sleep(1.5)                                    # the requests are answered at once; the save now waits
+    server.proc.send_signal(signal.SIGTERM)
+    out = server.proc.communicate(timeout=60)[0].decode()
+    assert server.proc.returncode == 0, out
+    assert "SIGTERM again: already stopping" in out, out
+    assert len(load_dynamic(dyn)) > 0 and [p.name for p in tmp_path.iterdir()] == ["dyn.ngram"]
+
+
+def test_a_cache_that_cannot_be_saved_at_shutdown_is_logged_and_exits_1(llama, tmp_path, monkeypatch):
+    """Before: ``ngram-spec serve: error: ...: Is a directory`` and exit status 2, a bad flag's."""
+    dyn = tmp_path / "dyn.ngram"
+    server = served(llama, dyn, monkeypatch, "0")
+    dyn.mkdir()                                       # the file cannot be written now
+    server.proc.send_signal(signal.SIGTERM)
+    out = server.proc.communicate(timeout=60)[0].decode()
+    assert server.proc.returncode == 1, out
+    assert f"the dynamic n-gram cache {dyn} cannot be saved (IsADirectoryError" in out, out
+    assert "was not saved (above): what was learned since its last save is lost" in out
+    assert "Traceback" not in out, out
+
+
+def test_a_completed_request_without_output_leaves_nothing_to_save(tmp_path):
+    """Before: it marked its (still empty) cache changed, and the save then failed: llama.cpp's format has no
+    empty cache file (ValueError), a worker failure when periodic."""
+    from mlx_backend.serve.server import NgramSpeculator, RequestSpec
+
+    speculator = NgramSpeculator(dynamic=str(tmp_path / "dyn.ngram"), save_every=1)
+    speculator.finish(RequestSpec(True, 4, None), [1, 2, 3], 3, completed=True)
+    speculator.save()
+    assert not (tmp_path / "dyn.ngram").exists() and speculator.stats()["completed"] == 1
