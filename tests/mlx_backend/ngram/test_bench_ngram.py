@@ -143,7 +143,8 @@ def save_llama_unordered(cache, path, seed: int = 0) -> None:
 
 LLAMA_LOAD_SCRIPT = textwrap.dedent("""
     import sys, time
-    sys.path.insert(0, sys.argv[3])
+    from pathlib import Path
+    sys.path[:0] = [sys.argv[3], str(Path(sys.argv[3]).parents[1])]  # and tests/: bench_knobs, which test_bench_ngram imports
     from test_bench_ngram import vm_kib
     from mlx_backend.ngram.api import load_cache
     load_cache(sys.argv[2])  # a 1-record file: the compiled loops are loaded; the baseline
@@ -222,7 +223,8 @@ def vm_kib(field: str) -> int:
 
 PEAK_SCRIPT = textwrap.dedent("""
     import sys, time
-    sys.path.insert(0, sys.argv[2])
+    from pathlib import Path
+    sys.path[:0] = [sys.argv[2], str(Path(sys.argv[2]).parents[1])]  # and tests/: bench_knobs, which test_bench_ngram imports
     from test_bench_ngram import vm_kib
     from mlx_backend.ngram.api import build_static, read_tokens
     tokens = read_tokens(sys.argv[1])
@@ -233,7 +235,8 @@ PEAK_SCRIPT = textwrap.dedent("""
 
 RSS_SCRIPT = textwrap.dedent("""
     import sys, time
-    sys.path.insert(0, sys.argv[3])
+    from pathlib import Path
+    sys.path[:0] = [sys.argv[3], str(Path(sys.argv[3]).parents[1])]  # and tests/: bench_knobs, which test_bench_ngram imports
     from test_bench_ngram import mapped_rss_mib, vm_kib
     import mlx_backend.ngram.api as api
     tokens = api.read_tokens(sys.argv[2])
