@@ -156,8 +156,11 @@ def _terminate(signum, frame):
 @contextlib.contextmanager
 def _sigterm_unwinds() -> Iterator[None]:
     """While the block runs, SIGTERM raises ``SystemExit(143)`` instead of killing the process outright
-    (only the main thread can install a handler; elsewhere the default stays)."""
-    if threading.current_thread() is not threading.main_thread():
+    (only the main thread can install a handler; elsewhere the default stays). A handler the program
+    installed itself (``ngram-spec serve``'s, which ignores a second SIGTERM while it saves) is left in place:
+    only the default action, which would kill the process mid-write, is replaced."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
         yield
         return
     previous = signal.signal(signal.SIGTERM, _terminate)

@@ -1097,27 +1097,15 @@ def run_serve(args) -> int:
 
 
 def _save_on_shutdown(speculator: NgramSpeculator) -> bool:
-    """Save the dynamic caches once the server has stopped; False (logged) if one could not be written.
-
-    The save runs in a thread of its own while the main thread waits: ``atomic_write`` puts its own SIGTERM
-    handler (``SystemExit(143)``) in place while it writes in the main thread, so there a second SIGTERM
-    during the save (a supervisor's repeated stop, a large cache written slowly) abandoned the save and exited
-    143, losing what was learned; in another thread the handler of :func:`_stopped_once_by_signals` stays,
-    which logs and ignores it. A file that cannot be written was a one-line ``error:`` and exit status 2 (that
-    of a bad flag); it is logged, the other users' files are still written, and the exit status is 1."""
-    failure: list[BaseException] = []
-
-    def save():
-        try:
-            speculator.save()
-        except BaseException as exc:  # noqa: BLE001  (logged by save; reported by the exit status)
-            failure.append(exc)
-
-    thread = threading.Thread(target=save, name="save-dynamic-cache")
-    thread.start()
-    while thread.is_alive():
-        thread.join(0.1)   # a signal meanwhile is handled here, in the main thread
-    return not failure
+    """Save the dynamic caches once the server has stopped; False if one could not be written (``save`` logs
+    it, the other users' files are still written, and the exit status is 1; before, a one-line ``error:`` and
+    exit status 2, that of a bad flag). A second SIGTERM meanwhile meets :func:`_stopped_once_by_signals`'
+    handler, which ``atomic_write`` leaves in place: logged and ignored, the save completes."""
+    try:
+        speculator.save()
+    except Exception:  # noqa: BLE001  (logged by save; reported by the exit status)
+        return False
+    return True
 
 
 @contextlib.contextmanager
