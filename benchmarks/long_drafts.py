@@ -37,7 +37,7 @@ from mlx_backend.decode import draft_policy
 from mlx_backend.decode.generate import SpecStats, ngram_speculative_generate_step
 from mlx_backend.machine.user_cache import ENV as CACHE_ENV
 from mlx_backend.models.loading import load_model
-from reference.atomic import atomic_write, check_outputs
+from reference.atomic import atomic_write, check_outputs, terminate_handler
 
 _OWN_CACHE: str | None = None   # the temporary cache directory of this process (own_cache_dir)
 
@@ -59,7 +59,7 @@ def own_cache_dir() -> str:
         _OWN_CACHE = tempfile.mkdtemp(prefix="ngram-spec-bench-")
         atexit.register(shutil.rmtree, _OWN_CACHE, ignore_errors=True)
         if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:   # kill: exit through atexit, not around it
-            signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+            signal.signal(signal.SIGTERM, terminate_handler)
     os.environ[CACHE_ENV] = _OWN_CACHE
     return _OWN_CACHE
 

@@ -35,6 +35,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from reference.atomic import terminate_handler
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("conformance", "reference", "mlx_backend")
 RULES_NGRAM = ("counts", "drafting", "thresholds", "cache_files", "replay")
@@ -314,10 +316,6 @@ def _unless_stopping(*args) -> None:
         run_module(*args)
 
 
-def _terminate(signum, frame):
-    raise SystemExit(128 + signum)
-
-
 def refresh_tree(tree: Path) -> None:
     """``tree`` := a fresh copy of the checkout's :data:`PACKAGES`, swapped in whole: copied beside it
     first, so an interrupted copy leaves the old tree (or, between the two renames, none, which the next
@@ -468,7 +466,7 @@ def main(argv=None) -> int:
     if not args.report:
         print(f"session: {session}", flush=True)
         _stopping.clear()
-        previous = signal.signal(signal.SIGTERM, _terminate)
+        previous = signal.signal(signal.SIGTERM, terminate_handler)
         try:
             with ThreadPoolExecutor(args.jobs) as pool:
                 futures = [pool.submit(_unless_stopping, session, m, args.seed, args.timeout, args.sample,

@@ -13,8 +13,9 @@ another thread) and the folder locked against another process renaming its own s
 existing output this process may not write is refused as ``open(path, "w")`` refuses it, and a write
 that fails for want of room names the output.
 
-Signal handlers that raise (SIGTERM here, Ctrl-C's while a command runs: :func:`interrupt_handler`,
-installed by ``mlx_backend.cli.main``) raise only where Python passes the exception on: a signal that
+Signal handlers that raise (SIGTERM's :func:`terminate_handler`, installed here and by the mutation
+campaign and the benchmark scripts; Ctrl-C's :func:`interrupt_handler`, installed by ``mlx_backend.cli.main``
+while a command runs) raise only where Python passes the exception on: a signal that
 lands inside numba (a compiled kernel calling back into Python, an import, a compilation) is put off
 and delivered again a moment later (:func:`defer_if_unsafe`), so it unwinds the command like any other.
 
@@ -147,14 +148,17 @@ def interrupts_at_safe_points() -> Iterator[None]:
         raise KeyboardInterrupt if signal.SIGINT in late else SystemExit(128 + min(late))
 
 
-def _terminate(signum, frame):
+def terminate_handler(signum, frame):
+    """SIGTERM raises ``SystemExit(143)``, which unwinds through every ``finally`` and runs ``atexit``
+    (temporaries are removed) where the default action would kill the process outright; raised only where
+    that is safe (:func:`defer_if_unsafe`)."""
     if defer_if_unsafe(signum, frame):
         return
-    raise SystemExit(128 + signum)  # unwinds through every ``finally``: temporaries are removed
+    raise SystemExit(128 + signum)
 
 
 @contextlib.contextmanager
-def _sigterm_unwinds() -> Iterator[None]:
+def sigterm_unwinds() -> Iterator[None]:
     """While the block runs, SIGTERM raises ``SystemExit(143)`` instead of killing the process outright
     (only the main thread can install a handler; elsewhere the default stays). A handler the program
     installed itself (``ngram-spec serve``'s, which ignores a second SIGTERM while it saves) is left in place:
@@ -163,7 +167,7 @@ def _sigterm_unwinds() -> Iterator[None]:
             or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _terminate)
+    previous = signal.signal(signal.SIGTERM, terminate_handler)
     try:
         yield
     finally:
@@ -189,7 +193,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", **open_kwargs) -> It
         return
     given, path = path, Path(os.path.realpath(path))  # through a symbolic link, like open(path, "w")
     _check_writable(path, given)
-    with _sigterm_unwinds():
+    with sigterm_unwinds():
         tmp = None
         try:
             with _signals_held():   # a Ctrl-C right after mkstemp returns is raised once ``tmp`` is set
@@ -287,7 +291,7 @@ def atomic_files(folder: str | os.PathLike) -> Iterator[Path]:
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(folder))
-    with _sigterm_unwinds():
+    with sigterm_unwinds():
         created = not folder.exists()
         folder.mkdir(parents=True, exist_ok=True)
         tmp = None
