@@ -132,7 +132,20 @@ def _describe(exc: BaseException) -> str:
         return str(exc)
     frames = traceback.extract_tb(exc.__traceback__)
     where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    if frames and _in_suite(frames[-1].filename):
+        # The suite itself failed on something the backend handed it (a draft() that returned None, stats
+        # without an attribute): name the suite's line, whose call shows which member returned it.
+        where += (f", in the suite's line `{frames[-1].line}`: a value the backend returned there is not what "
+                  f"the protocol says (docs/conformance.md, the backend protocol)")
     return f"raised {type(exc).__name__}: {exc}{where}"
+
+
+def _in_suite(filename: str) -> bool:
+    """Whether ``filename`` is one of the suite's own modules (conformance/, not the backend's)."""
+    import os
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    return os.path.abspath(filename).startswith(here + os.sep)
 
 
 def _example_call(name: str, drawn: dict) -> str:

@@ -29,7 +29,10 @@ def _replay(impl, tokens, n_ctx, n_draft, c_st, c_dyn, **extra):
 
 def _compare_totals(stats, want: dict, what: str) -> None:
     for key, value in want.items():
-        got = getattr(stats, key, None)
+        assert hasattr(stats, key), (f"{what}: replay() returned a {type(stats).__name__} without the attribute "
+                                     f"{key} (expected {value}); the protocol's stats are an object with the "
+                                     f"attributes n_chunks, n_draft_calls, n_drafted, n_accept")
+        got = getattr(stats, key)
         assert got == value, f"{what}: {key} = {got}, expected {value}"
     accept = getattr(stats, "accept", None)  # optional: the acceptance in percent, as lookup-stats prints it
     if accept is not None and "n_drafted" in want:

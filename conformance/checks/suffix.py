@@ -207,7 +207,7 @@ def drive(impl, session, on_draft) -> None:
 
 
 def _where(settings, T, history) -> str:
-    return (f"the sequence {T}, the history {history} (factor {settings['factor']}, max_match "
+    return (f"the sequence {T}, the history as the bound keeps it {history} (factor {settings['factor']}, max_match "
             f"{settings['max_match']}, max_tokens {settings['max_tokens']})")
 
 

@@ -155,6 +155,50 @@ def dynamic_thresholds_at_the_boundary(impl):
                                  f"draft {want}, the backend drafted {got}")
 
 
+# Context-cache levels at their thresholds (lax a = 2 2 1 1, p = 66 50 50 50): follower counts exactly at
+# a_n and p_n, and one step below each. A share one point below p_n needs a large count sum: 65 % is 13 of
+# 20, 49 % is 49 of 100 (the two others share 51, each less than 49).
+LAX_BOUNDARIES = ({7: 2}, {7: 1},  # n = 1, 2: sum 2 (100 %), sum 1 < 2; n = 3, 4: sum 1 >= 1
+                  {7: 33, 8: 17}, {7: 13, 8: 7},  # 66 % exactly, 65 %
+                  {7: 1, 8: 1}, {7: 49, 8: 48, 9: 3},  # 50 % exactly (a tie, to 7), 49 %
+                  {8: 3, 7: 1})  # 75 %; the best is not the first
+
+
+def context_with_followers(n: int, part: dict[int, int]) -> list[int]:
+    """A context whose last n tokens X (ids 100..) were followed by each y of ``part`` exactly part[y] times
+    earlier, and whose last n + 1 tokens (a fresh id 999 before X) never occurred: level n is the largest
+    level with followers. The shorter suffixes of X also occurred 3 F times after other tokens (1000..),
+    each time followed by a new token (2000..), so that no level below n passes its share test (at most
+    25 %) and a wrong decision at level n cannot be hidden by a lower level drafting the same token."""
+    x = list(range(100, 100 + n))
+    seq = []
+    for y, c in part.items():
+        for _ in range(c):
+            seq += x + [y]
+    if n > 1:
+        for j in range(3 * sum(part.values())):
+            seq += [1000 + j] + x[1:] + [2000 + j]
+    return seq + [999] + x
+
+
+@check("thresholds", needs=("NgramDrafter",))
+def context_thresholds_at_the_boundary(impl):
+    """Each context-cache level n = 1..4 drafts exactly when the count sum reaches a_n and the best share
+    reaches p_n (lax thresholds), on counts placed at each boundary and one step below it."""
+    from conformance import oracle
+
+    for n in (1, 2, 3, 4):
+        for part in LAX_BOUNDARIES:
+            seq = context_with_followers(n, part)
+            drafter = impl.NgramDrafter()
+            drafter.reset(seq)
+            got, want = [int(t) for t in drafter.draft(1)], oracle.draft(seq, 1, oracle.counts(seq))
+            assert got == want, (
+                f"draft(1) after a context where the last {n} tokens {seq[-n:]} were followed by {part} (counts) "
+                f"and the last {n + 1} never occurred, no shorter level passing (level n = {n}: lax a_{n} = {oracle.LAX[0][n - 1]}, "
+                f"p_{n} = {oracle.LAX[1][n - 1]} %): the rules draft {want}, the backend drafted {got}")
+
+
 @check("thresholds", needs=("NgramDrafter", "load_cache"))
 def followers_outside_the_static_cache_weigh_1(impl):
     """A follower the static cache does not know weighs exactly 1: seen 60 times (score 60) it loses to one
