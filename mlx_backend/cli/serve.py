@@ -58,6 +58,7 @@ def check_args(args) -> None:
     if args.prompt_cache_size < 0:
         raise ValueError(f"--prompt-cache-size must be >= 0 (0: keep no prompt cache), got {args.prompt_cache_size}")
     check_dynamic(args.dynamic, args.dynamic_scope, args.static)
+    check_history(args.history, args.dynamic_scope, args.dynamic, args.static)
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
     check_listen(args.host, args.port)
@@ -77,6 +78,23 @@ def check_dynamic(path, scope: str, static) -> None:
                          "name a file, or use --dynamic-scope user")
     if scope == "server":
         check_outputs({"--dynamic": path}, inputs=[static])
+
+
+def check_history(path, scope: str, dynamic, static) -> None:
+    """``--history`` is kept as ``--dynamic`` is (:func:`check_dynamic`): a file with ``--dynamic-scope
+    server`` (not the ``--dynamic`` or ``--static`` file), a directory with ``--dynamic-scope user`` (which
+    may be ``--dynamic``'s: the files differ, ``user-*.history`` beside ``user-*.ngram``)."""
+    if path is None:
+        return
+    if scope == "user" and os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"--history {path} is a file, but --dynamic-scope user keeps one history per user in a "
+                         "directory: name a directory (made if missing; --dynamic's will do), or use "
+                         "--dynamic-scope server")
+    if scope == "server" and os.path.isdir(path):
+        raise ValueError(f"--history {path} is a directory, but --dynamic-scope server keeps one history file: "
+                         "name a file, or use --dynamic-scope user")
+    if scope == "server":
+        check_outputs({"--dynamic": dynamic, "--history": path}, inputs=[static])
 
 
 def check_listen(host: str, port: int) -> None:
@@ -146,8 +164,13 @@ def register(subparsers) -> None:
                         "auto (suffix where the text's end occurred earlier, else lookup) (default: %(default)s)")
     p.add_argument("--history-max-tokens", type=int, default=HISTORY_MAX_TOKENS, metavar="N",
                    help="earlier requests' prompts and answers kept for the suffix and auto drafters, in tokens, "
-                        "oldest dropped first, scoped like the dynamic cache (--dynamic-scope), in memory only; "
-                        "0: none (default: %(default)s)")
+                        "oldest dropped first, scoped like the dynamic cache (--dynamic-scope), in memory unless "
+                        "--history; 0: none (default: %(default)s)")
+    p.add_argument("--history", metavar="PATH",
+                   help="keep the suffix history in this file (with --dynamic-scope user: this directory, which may "
+                        "be --dynamic's), as --dynamic keeps the dynamic cache: loaded at start, saved atomically "
+                        "every --save-every requests and on shutdown, so a restarted server drafts from the "
+                        "prompts and answers it saw before (default: in memory only)")
     p.add_argument("--no-spec", action="store_true", help="serve plainly (mlx-lm's own generation) by default")
     p.add_argument("--static", metavar="FILE", help="a static n-gram cache (ngram-spec create), read only")
     p.add_argument("--dynamic", metavar="PATH",
@@ -158,7 +181,7 @@ def register(subparsers) -> None:
                    help="one dynamic cache (and suffix history) for all requests, or one per request `user` field "
                         "so one user's text is never drafted into another's answer (default: %(default)s)")
     p.add_argument("--save-every", type=int, default=20, metavar="N",
-                   help="save the dynamic cache every N completed requests (default: %(default)s)")
+                   help="save the dynamic cache (and --history) every N completed requests (default: %(default)s)")
     p.add_argument("--ctx-size", type=int, default=None, metavar="N",
                    help="refuse requests whose prompt + max_tokens exceed N tokens (default: the model's context)")
     # mlx_lm.server's own flags (same names and defaults); its parser is local to mlx_lm.server.main

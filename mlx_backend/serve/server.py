@@ -63,6 +63,7 @@ from mlx_backend.batch.server_batch import RowPlan, RowReport, SpeculativeBatchG
 from mlx_backend.decode.draft_policy import DEFAULT_K_MAX, SEEDED_DRAFT_MAX
 from mlx_backend.decode.generate import SpecStats, stream_generate as spec_stream_generate, vocab_size
 from mlx_backend.ngram.default import lookup_drafter, make_drafter, suffix_api
+from mlx_backend.suffix.history_file import load_history, save_history
 from reference.suffix.auto import DEFAULT_DRAFTER, DRAFTERS
 from reference.suffix.drafter import HISTORY_MAX_TOKENS
 
@@ -221,22 +222,24 @@ def _scope_name(key: Optional[str]) -> str:
     return "server" if key is None else f"user {hashlib.sha256(key.encode()).hexdigest()[:8]}"
 
 
-def _scope_file(directory: Path, user: str) -> Path:
-    """The dynamic-cache file of ``user`` under ``directory`` (a hash: user names never appear on disk)."""
-    return directory / f"user-{hashlib.sha256(user.encode()).hexdigest()[:32]}.ngram"
+def _scope_file(directory: Path, user: str, suffix: str = ".ngram") -> Path:
+    """The file of ``user`` under ``directory``: the dynamic cache (``.ngram``) or the suffix history
+    (``.history``) (a hash: user names never appear on disk)."""
+    return directory / f"user-{hashlib.sha256(user.encode()).hexdigest()[:32]}{suffix}"
 
 
-def check_user_caches(directory: Path) -> None:
-    """Read every user's dynamic cache under ``directory`` once at start (each is loaded again, lazily, at
-    that user's first request). Before, a damaged, empty or foreign file was found only then, inside the
-    generation worker: that one user's request stopped the whole server (exit status 1, every request in
-    flight answered 500). Now it is one line before the model loads (ValueError: exit status 2)."""
-    for file in sorted(directory.glob("user-*.ngram")):
+def check_user_files(directory: Path, flag: str, suffix: str, load, what: str) -> None:
+    """Read every user's file (``user-*`` + ``suffix``) under ``directory`` once at start with ``load`` (each is
+    loaded again, lazily, at that user's first request). Before, a damaged, empty or foreign dynamic cache was
+    found only then, inside the generation worker: that one user's request stopped the whole server (exit
+    status 1, every request in flight answered 500). Now it is one line before the model loads (ValueError:
+    exit status 2)."""
+    for file in sorted(directory.glob(f"user-*{suffix}")):
         try:
-            load_dynamic(file)
+            load(file)
         except (ValueError, OSError) as exc:
-            raise ValueError(f"--dynamic {directory}: a user's dynamic cache cannot be read ({exc}); move it "
-                             f"away or delete it (that user's cache then starts empty)") from None
+            raise ValueError(f"{flag} {directory}: a user's {what} cannot be read ({exc}); move it "
+                             f"away or delete it (that user's {what} then starts empty)") from None
 
 
 class NgramSpeculator:
@@ -247,14 +250,17 @@ class NgramSpeculator:
     server (``scope="server"``, file ``dynamic``) or one per request ``user`` (``scope="user"``, files
     under the directory ``dynamic``; requests without ``user`` then neither use nor feed one). Saved
     atomically (:func:`mlx_backend.ngram.dynamic_cache.save_dynamic`) every ``save_every`` completed requests
-    and on shutdown. Suffix histories (``SuffixHistory``, in memory, at most ``history_max_tokens`` tokens
-    each; 0: none) hold each completed request's prompt followed by its output, scoped like ``c_dyn``, for
-    the ``suffix`` and ``auto`` drafters. ``drafter``: the drafter requests get unless they name one.
+    and on shutdown. Suffix histories (``SuffixHistory``, at most ``history_max_tokens`` tokens each; 0: none)
+    hold each completed request's prompt followed by its output, scoped like ``c_dyn``, for the ``suffix``
+    and ``auto`` drafters; in memory, or kept in ``history`` (a file, or with ``scope="user"`` a directory)
+    like the dynamic caches in ``dynamic`` (:mod:`mlx_backend.suffix.history_file`). ``drafter``: the
+    drafter requests get unless they name one.
     """
 
     def __init__(self, *, draft_max: Optional[int] = None, speculative: bool = True, static=None,
                  dynamic: Optional[str] = None, scope: str = "server", save_every: int = 20,
-                 drafter: str = DEFAULT_DRAFTER, history_max_tokens: int = HISTORY_MAX_TOKENS):
+                 drafter: str = DEFAULT_DRAFTER, history_max_tokens: int = HISTORY_MAX_TOKENS,
+                 history: Optional[str] = None):
         if scope not in ("server", "user"):
             raise ValueError(f"--dynamic-scope must be server or user, got {scope!r}")
         if save_every < 1:
@@ -262,6 +268,9 @@ class NgramSpeculator:
         check_drafter(drafter, "--drafter")
         if history_max_tokens < 0:
             raise ValueError(f"--history-max-tokens must be >= 0 (0: no history), got {history_max_tokens}")
+        if history is not None and history_max_tokens == 0:
+            raise ValueError("--history keeps the suffix history, but --history-max-tokens 0 keeps none: drop one "
+                             "of them")
         self.draft_max, self.speculative, self.scope, self.save_every = draft_max, speculative, scope, save_every
         self.drafter_name, self.history_max_tokens = drafter, history_max_tokens
         self.histories: dict[Optional[str], Any] = {}
@@ -271,9 +280,17 @@ class NgramSpeculator:
         self._dirty: set = set()
         if self.path is not None and scope == "user":
             self.path.mkdir(parents=True, exist_ok=True)
-            check_user_caches(self.path)
+            check_user_files(self.path, "--dynamic", ".ngram", load_dynamic, "dynamic cache")
         elif self.path is not None:
             self.c_dyn[None] = as_table(load_dynamic(self.path), copy=False)
+        self.history_path = None if history is None else Path(history)
+        self._dirty_histories: set = set()
+        if self.history_path is not None and scope == "user":
+            self.history_path.mkdir(parents=True, exist_ok=True)
+            check_user_files(self.history_path, "--history", ".history",
+                             lambda file: load_history(file, self._new_history()), "suffix history")
+        elif self.history_path is not None:
+            self.histories[None] = load_history(self.history_path, self._new_history())
         self.lock = threading.Lock()
         self.totals = {"requests": 0, "speculative_requests": 0, "completed": 0, "cancelled": 0,
                        "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0, "decode_forwards": 0,
@@ -308,8 +325,13 @@ class NgramSpeculator:
             return None
         key = self._key(user)
         if key not in self.histories:
-            self.histories[key] = suffix_api().SuffixHistory(self.history_max_tokens)
+            self.histories[key] = self._new_history()
+            if self.history_path is not None and self.scope == "user":
+                load_history(_scope_file(self.history_path, user, ".history"), self.histories[key])
         return self.histories[key]
+
+    def _new_history(self):
+        return suffix_api().SuffixHistory(self.history_max_tokens)
 
     def drafter(self, user: Optional[str], prefix: list[int], eos: set[int], name: Optional[str] = None,
                 shared: bool = True) -> Drafter:
@@ -355,13 +377,13 @@ class NgramSpeculator:
         history = self.history_for(spec.user)
         if history is not None:
             history.add(full)
-        if len(full) <= n_prompt:   # no output: nothing to learn (and a cache still empty has no file to save)
-            return
-        table = self.dynamic_for(spec.user)
-        table.update(np.asarray(full, np.int32), n_prompt, len(full))
-        self._dirty.add(self._key(spec.user))
+            self._dirty_histories.add(self._key(spec.user))
+        if len(full) > n_prompt:   # else no output: nothing to learn (and a cache still empty has no file to save)
+            table = self.dynamic_for(spec.user)
+            table.update(np.asarray(full, np.int32), n_prompt, len(full))
+            self._dirty.add(self._key(spec.user))
         self._since_save += 1
-        if self.path is not None and self._since_save >= self.save_every:
+        if (self.path is not None or self.history_path is not None) and self._since_save >= self.save_every:
             self.save()
 
     def count_forward(self, rows: int) -> None:
@@ -372,31 +394,43 @@ class NgramSpeculator:
             self._rows[1] = max(self._rows[1], rows)
 
     def save(self) -> None:
-        """Write every changed dynamic cache to its file atomically. A cache that cannot be written stays
-        changed (written at the next save) and its file keeps its last save; the others are still written, then
-        the first failure is raised (before: the first failure stopped the loop, so with ``--dynamic-scope
-        user`` one user's unwritable file lost every later user's save)."""
-        if self.path is None:
-            return
-        saved, failure = 0, None
-        for key in sorted(self._dirty, key=str):
-            path = self.path if self.scope == "server" else _scope_file(self.path, key)
+        """Write every changed dynamic cache, and suffix history kept in a file, to its file atomically. One
+        that cannot be written stays changed (written at the next save) and its file keeps its last save; the
+        others are still written, then the first failure is raised (before: the first failure stopped the loop,
+        so with ``--dynamic-scope user`` one user's unwritable file lost every later user's save)."""
+        failures = []
+        if self.path is not None:
+            saved = self._write_changed("dynamic n-gram cache", self.path, ".ngram", self._dirty, failures,
+                                        lambda path, key: save_dynamic(path, self.c_dyn[key], None))
+            if saved:
+                with self.lock:
+                    self.totals["dynamic_saves"] += 1
+        if self.history_path is not None:
+            self._write_changed("suffix history", self.history_path, ".history", self._dirty_histories, failures,
+                                lambda path, key: save_history(path, self.histories[key]))
+        self._since_save = 0
+        if failures:
+            raise failures[0]
+
+    def _write_changed(self, what: str, folder: Path, suffix: str, dirty: set, failures: list, write) -> int:
+        """``write(path, key)`` for every scope ``key`` in ``dirty``, each to its file (``folder`` itself with
+        ``scope="server"``); the written ones leave ``dirty``, a failure is logged and appended to ``failures``.
+        Returns how many were written."""
+        saved = 0
+        for key in sorted(dirty, key=str):
+            path = folder if self.scope == "server" else _scope_file(folder, key, suffix)
             try:
-                save_dynamic(path, self.c_dyn[key], None)
+                write(path, key)
             except Exception as exc:
-                log.error("the dynamic n-gram cache %s cannot be saved (%s: %s); the file keeps its last save",
-                          path, type(exc).__name__, exc)
-                failure = failure or exc
+                log.error("the %s %s cannot be saved (%s: %s); the file keeps its last save",
+                          what, path, type(exc).__name__, exc)
+                failures.append(exc)
                 continue
-            self._dirty.discard(key)
+            dirty.discard(key)
             saved += 1
         if saved:
-            with self.lock:
-                self.totals["dynamic_saves"] += 1
-            log.info("saved %d dynamic n-gram cache(s) to %s", saved, self.path)
-        self._since_save = 0
-        if failure is not None:
-            raise failure
+            log.info("saved %d %s(s) to %s", saved, what, folder)
+        return saved
 
     def stats(self) -> dict:
         """Totals since start (``GET /v1/stats``)."""
@@ -1047,7 +1081,8 @@ def run_serve(args) -> int:
     logging.basicConfig(level=getattr(logging, args.log_level), format="%(asctime)s - %(levelname)s - %(message)s")
     speculator = NgramSpeculator(draft_max=args.draft_max, speculative=not args.no_spec, static=args.static,
                                  dynamic=args.dynamic, scope=args.dynamic_scope, save_every=args.save_every,
-                                 drafter=args.drafter, history_max_tokens=args.history_max_tokens)
+                                 drafter=args.drafter, history_max_tokens=args.history_max_tokens,
+                                 history=args.history)
     dtype = None if args.dtype in (None, "auto") else args.dtype
     model, tokenizer, desc = load_model(args.model, dtype)
     from mlx_lm.models.cache import make_prompt_cache
@@ -1065,7 +1100,8 @@ def run_serve(args) -> int:
     log.info("serving %s as `%s` (context %s, speculation %s, draft %s, drafter %s, dynamic cache %s, suffix "
              "history %s tokens); %s", desc, args.model_id, n_ctx, "on" if speculator.speculative else "off",
              "auto" if args.draft_max is None else args.draft_max, args.drafter,
-             f"{args.dynamic} ({args.dynamic_scope})" if args.dynamic else "in memory", args.history_max_tokens,
+             f"{args.dynamic} ({args.dynamic_scope})" if args.dynamic else "in memory",
+             f"{args.history_max_tokens}" + (f", {args.history}" if args.history else ", in memory"),
              f"up to {args.decode_concurrency} requests decode together (one verify forward for all)"
              if provider.is_batchable else f"requests are served one at a time ({provider.unbatched_reason})")
 
@@ -1084,14 +1120,15 @@ def run_serve(args) -> int:
                 log.warning("some requests were still being answered %.0f s after the server stopped",
                             ANSWER_TIMEOUT_S)
             if not saved:
-                log.error("stopped, but the dynamic n-gram cache was not saved (above): what was learned since "
-                          "its last save is lost (exit status 1)")
+                log.error("stopped, but a dynamic n-gram cache or suffix history was not saved (above): what was "
+                          "learned since its last save is lost (exit status 1)")
                 return 1
             return 0
         if not generator.wait_answered(ANSWER_TIMEOUT_S):
             log.error("some requests were still being answered %.0f s after the failure", ANSWER_TIMEOUT_S)
-    if speculator.path is not None:
-        log.warning("the dynamic n-gram cache is not saved after a failure: %s keeps its last save", speculator.path)
+    for kept in (speculator.path, speculator.history_path):
+        if kept is not None:
+            log.warning("what was learned is not saved after a failure: %s keeps its last save", kept)
     log.critical("stopped after the generation worker failed (exit status 1)")
     return 1
 

@@ -1,5 +1,6 @@
 """What ``ngram-spec serve`` keeps across requests and restarts, per scope (``--dynamic-scope``): the dynamic
-caches' files are checked at start, and an operator's mistakes there are one line, not a failure later."""
+caches' and suffix histories' files are checked at start, and an operator's mistakes there are one line, not a
+failure later."""
 from __future__ import annotations
 
 import hashlib
@@ -15,8 +16,8 @@ from mlx_backend.cli import main  # noqa: E402
 pytest.importorskip("openai")
 
 
-def user_file(folder, user: str):
-    return folder / f"user-{hashlib.sha256(user.encode()).hexdigest()[:32]}.ngram"
+def user_file(folder, user: str, suffix: str = ".ngram"):
+    return folder / f"user-{hashlib.sha256(user.encode()).hexdigest()[:32]}{suffix}"
 
 
 @pytest.mark.parametrize("content", [b"", b"garbage bytes, not a cache", b"\x01\x00\x00\x00" * 3],
@@ -127,3 +128,65 @@ def test_a_completed_request_without_output_leaves_nothing_to_save(tmp_path):
     speculator.finish(RequestSpec(True, 4, None), [1, 2, 3], 3, completed=True)
     speculator.save()
     assert not (tmp_path / "dyn.ngram").exists() and speculator.stats()["completed"] == 1
+
+
+def test_the_suffix_history_is_kept_in_its_file_per_scope(tmp_path):
+    """``--history``: saved every ``--save-every`` completed requests and read back at start, one file for the
+    server or one per user (beside the dynamic caches when the folder is the same); before, the history
+    started empty at every start."""
+    from mlx_backend.serve.server import NgramSpeculator, RequestSpec
+
+    path = tmp_path / "history"
+    first = NgramSpeculator(history=str(path), save_every=2)
+    first.finish(RequestSpec(True, 4, None), [5, 6, 7, 8], 2, completed=True)
+    assert not path.exists()                              # saved every 2 completed requests
+    first.finish(RequestSpec(True, 4, None), [9, 9, 9], 3, completed=True)    # no output: still history
+    assert NgramSpeculator(history=str(path)).history_for(None).sequences == [[5, 6, 7, 8], [9, 9, 9]]
+
+    folder = tmp_path / "users"
+    users = NgramSpeculator(dynamic=str(folder), history=str(folder), scope="user")
+    users.finish(RequestSpec(True, 4, "alice"), [5, 6, 7, 5, 6, 7], 2, completed=True)
+    users.finish(RequestSpec(True, 4, None), [1, 2, 3, 4], 2, completed=True)   # no user: no scope
+    users.save()
+    assert sorted(p.name for p in folder.iterdir()) == sorted([user_file(folder, "alice").name,
+                                                               user_file(folder, "alice", ".history").name])
+    again = NgramSpeculator(dynamic=str(folder), history=str(folder), scope="user")
+    assert again.history_for("alice").sequences == [[5, 6, 7, 5, 6, 7]]
+    assert again.history_for("bob").sequences == [] and again.history_for(None) is None
+
+
+@pytest.mark.parametrize("content", [b"", b"garbage bytes, not a history"], ids=["empty", "damaged"])
+def test_a_damaged_history_file_is_one_line_at_start(capsys, tmp_path, content):
+    folder = tmp_path / "users"
+    folder.mkdir()
+    user_file(folder, "alice", ".history").write_bytes(content)
+    (tmp_path / "server.history").write_bytes(content)
+    for args in (["--dynamic-scope", "user", "--history", str(folder)], ["--history", str(tmp_path / "server.history")]):
+        assert main(["serve", "--blas", "bundled", "--model", "nowhere", *args]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "not a suffix history file" in err and "Traceback" not in err, err
+    assert user_file(folder, "alice", ".history").read_bytes() == content    # left as it was
+
+
+def test_a_restarted_server_drafts_from_the_history_it_saved(llama, tmp_path):
+    """The same question after a restart with the same ``--history`` accepts as many drafts as when asked a
+    second time on the live server (the history holds the first answer either way), more than on a fresh one."""
+    from test_server import Server  # tests/mlx_backend/serve/test_server.py
+
+    history = tmp_path / "history"
+    flags = ("--model", str(llama), "--drafter", "suffix", "--draft-max", "4", "--history", str(history))
+    prompt = "alpha beta gamma delta alpha beta"
+
+    def ask(server):
+        r = server.client.completions.create(model="default_model", prompt=prompt, max_tokens=24, temperature=0.0)
+        return r.choices[0].text, r.model_extra["timings"]["draft_n_accepted"]
+
+    server = Server(*flags)
+    fresh, live = ask(server), ask(server)
+    server.stop()
+    assert history.is_file()
+    server = Server(*flags)
+    restarted = ask(server)
+    server.stop()
+    assert fresh[0] == live[0] == restarted[0]
+    assert restarted[1] == live[1] > fresh[1], (fresh, live, restarted)
