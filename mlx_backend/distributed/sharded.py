@@ -156,6 +156,27 @@ def load_sharded(path: Optional[str], mode: str, group, dtype: Optional[str] = N
     return model, tokenizer, f"{desc}, {mode}-parallel over {group.size()} ranks"
 
 
+def model_fingerprint(path: Optional[str], model: nn.Module) -> list:
+    """What tells two ranks' ``--model`` apart without reading every rank's whole weights: a directory's
+    ``config.json`` and its weight files' names and sizes, a file's size, and the embeddings of four
+    token ids (the embedding table is whole on every rank, in both sharding modes). Ranks that load
+    different models (another checkpoint, quantization or fine-tune) would combine partial results of
+    different weights into confident garbage, with no error (their shapes may agree)."""
+    parts: list = []
+    if path is not None and Path(path).is_dir():
+        config = Path(path) / "config.json"
+        parts.append(config.read_bytes() if config.is_file() else None)
+        parts += sorted((f.name, f.stat().st_size) for f in Path(path).glob("*.safetensors"))
+    elif path is not None:
+        parts.append(Path(path).stat().st_size)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if embed is not None:
+        n = embed.weight.shape[0]
+        rows = embed(mx.array([0, 1, n // 2, n - 1])).astype(mx.float32)
+        parts.append(bytes(memoryview(rows)))
+    return parts
+
+
 # --- collectives of the decision scheme --------------------------------------------------------
 
 def settle() -> None:
@@ -363,6 +384,8 @@ class ShardedRun:
         failed = mx.distributed.all_gather(mx.array([[error is not None]], mx.int32), group=self.group,
                                            stream=mx.cpu).reshape(-1).tolist()
         if not any(failed):
+            check_same("the model (--model): give every rank the same model, at the same path or a copy",
+                       model_fingerprint(path, loaded[0]), self.group)
             return loaded
         if self.rank == 0:
             reason = error if error is not None else (

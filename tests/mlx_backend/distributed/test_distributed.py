@@ -381,3 +381,27 @@ def test_cli_ranks_with_different_static_files_get_one_line(tmp_path):
     errors = [line for line in proc.stderr.splitlines() if "error:" in line and not line.startswith("[ring] ")]
     assert errors == ["ngram-spec generate: error: rank 1 disagrees with rank 0 on the n-gram cache files "
                       "(--static / --dynamic): give every rank the same files"], proc.stderr
+
+
+def test_cli_ranks_with_different_models_get_one_line(tmp_path):
+    """Rank 1 loading another model of the same shapes (a tiny qwen3_5 of another seed: the same config and
+    file sizes, other weights, as a fine-tune would be): refused at load in one line naming the fix. Before:
+    the run went on, each all_sum adding partial results of different weights, and printed garbage."""
+    model, prompt = _tiny_model_and_prompt(tmp_path)
+    other = tmp_path / "tiny-seed-1"
+    subprocess.run([sys.executable, "-m", "mlx_backend.cli", "tiny-model", "--arch", "qwen3_5", "--seed", "1", "--out",
+                    str(other)], cwd=ROOT, check=True, capture_output=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    script = textwrap.dedent(f"""
+        import os, sys
+        from mlx_backend.cli import main
+        model = {str(model)!r} if os.environ["MLX_RANK"] == "0" else {str(other)!r}
+        sys.exit(main(["generate", "--model", model, "--shard", "tensor", "--prompt-tokens", {str(prompt)!r},
+                       "--max-tokens", "2"]))
+    """)
+    proc = launch(["-c", script], tmp_path, timeout=300, check=False)
+    exits = rank_exits(proc.stderr)
+    assert sorted(exits) == [0, 1] and 0 not in exits.values(), proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line and not line.startswith("[ring] ")]
+    assert errors == ["ngram-spec generate: error: rank 1 disagrees with rank 0 on the model (--model): give every "
+                      "rank the same model, at the same path or a copy"], proc.stderr
