@@ -7,9 +7,7 @@ onto the protocol. The protocol is documented, with signatures, in ``docs/confor
 """
 from __future__ import annotations
 
-import importlib
 import os
-import traceback
 from dataclasses import dataclass
 
 ENV = "NGRAM_SPEC_BACKEND"  # the same variable mlx_backend/machine/backends.py reads
@@ -75,40 +73,13 @@ def resolve(spec: str | None = None) -> Backend:
     found (not on the import path: ``python -m conformance`` looks in the current folder, ``ngram-spec``
     and ``pytest`` do not), one that is found but fails to import (whatever it raises), a missing attribute.
     """
-    from mlx_backend.machine.backends import default_backend
+    from mlx_backend.machine.backends import default_backend, import_object
 
     spec = spec or os.environ.get(ENV) or default_backend()
-    target = BUILTIN.get(spec, spec)
-    module_name, _, attr = target.partition(":")
-    if not module_name:
-        raise ValueError(f"unknown backend {spec!r}: use reference, mlx, or module.path:object")
-    try:
-        impl = importlib.import_module(module_name)
-    except Exception as exc:  # noqa: BLE001 - whatever the module raises is the user's to see, in one line
-        raise ValueError(_import_failure(spec, module_name, exc)) from exc
-    for i, part in enumerate(filter(None, attr.split("."))):
-        try:
-            impl = getattr(impl, part)
-        except AttributeError:
-            owner = module_name + (":" + ".".join(attr.split(".")[:i]) if i else "")
-            raise ValueError(f"backend {spec!r}: {owner} has no attribute {part!r}") from None
+    impl = import_object(spec, BUILTIN.get(spec, spec))
     if not any(getattr(impl, n, None) is not None for n in PROTOCOL):
         raise ValueError(f"backend {spec!r} provides none of the protocol members "
                          f"({', '.join(PROTOCOL)}); see docs/conformance.md")
     return Backend(spec, impl)
 
 
-def _import_failure(spec: str, module_name: str, exc: Exception) -> str:
-    """Why the module of ``spec`` did not import, and what to do about it."""
-    if spec == "mlx" and isinstance(exc, ImportError):
-        return f"backend 'mlx' cannot be imported: {exc} (install it with: pip install 'ngram-spec[mlx]')"
-    missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
-    if missing and (module_name == missing or module_name.startswith(missing + ".")):
-        return (f"backend {spec!r}: no module named {missing!r}; use reference, mlx, or module.path:object "
-                f"naming an importable module (install its package, or put its folder on PYTHONPATH)")
-    if isinstance(exc, SyntaxError):  # the place is the error's own, not the import machinery's frame
-        what, where = exc.msg, f" (at {exc.filename}:{exc.lineno})"
-    else:
-        frames = traceback.extract_tb(exc.__traceback__)
-        what, where = exc, f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
-    return f"backend {spec!r}: importing {module_name!r} raised {type(exc).__name__}: {what}{where}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import traceback
 
 BACKENDS = {"reference": "reference.ngram.api", "mlx": "mlx_backend.ngram.api"}
 # The default: the fast backend wherever it is installed (its array kernels need numba; mlx itself
@@ -35,15 +36,43 @@ def get_backend(name: str | None = None):
     if name not in BACKENDS and "." not in module_name and not attr:
         raise ValueError(f"unknown backend {name!r}{source}; choose one of {', '.join(BACKENDS)} "
                          "or module.path:object")
+    return import_object(name, BACKENDS.get(name, name), source)
+
+
+def import_object(spec: str, target: str, source: str = ""):
+    """The object ``target`` names (``module.path``, or ``module.path:object``, ``object`` dotted), for
+    the backend ``spec`` (as the user gave it; ``source`` says where from). Every way it can fail is a
+    ``ValueError`` naming the problem and the fix: a module that is not found, one that is found but
+    fails to import (whatever it raises: the user's to see, in one line), a missing attribute."""
+    module_name, _, attr = target.partition(":")
+    if not module_name:
+        raise ValueError(f"unknown backend {spec!r}{source}: use reference, mlx, or module.path:object")
     try:
         impl = importlib.import_module(module_name)
-    except ImportError as exc:
-        hint = "install it with: pip install 'ngram-spec[mlx]'" if name == "mlx" else "is it installed?"
-        raise ValueError(f"backend {name!r}{source} is not available ({exc}); {hint}") from exc
-    for part in filter(None, attr.split(".")):
+    except Exception as exc:  # noqa: BLE001
+        raise ValueError(_import_failure(spec, source, module_name, exc)) from exc
+    for i, part in enumerate(filter(None, attr.split("."))):
         try:
             impl = getattr(impl, part)
         except AttributeError:
-            raise ValueError(f"backend {name!r}{source}: {module_name} has no {attr!r}; give module.path:object "
-                             f"naming an object of {module_name}, or one of {', '.join(BACKENDS)}") from None
+            owner = module_name + (":" + ".".join(attr.split(".")[:i]) if i else "")
+            raise ValueError(f"backend {spec!r}{source}: {owner} has no attribute {part!r}; give "
+                             f"module.path:object naming an object of {module_name}, or one of "
+                             f"{', '.join(BACKENDS)}") from None
     return impl
+
+
+def _import_failure(spec: str, source: str, module_name: str, exc: Exception) -> str:
+    """Why the module of ``spec`` did not import, and what to do about it."""
+    if spec == "mlx" and isinstance(exc, ImportError):
+        return f"backend 'mlx'{source} cannot be imported: {exc} (install it with: pip install 'ngram-spec[mlx]')"
+    missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+    if missing and (module_name == missing or module_name.startswith(missing + ".")):
+        return (f"backend {spec!r}{source}: no module named {missing!r}; use reference, mlx, or module.path:object "
+                f"naming an importable module (install its package, or put its folder on PYTHONPATH)")
+    if isinstance(exc, SyntaxError):  # the place is the error's own, not the import machinery's frame
+        what, where = exc.msg, f" (at {exc.filename}:{exc.lineno})"
+    else:
+        frames = traceback.extract_tb(exc.__traceback__)
+        what, where = exc, f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return f"backend {spec!r}{source}: importing {module_name!r} raised {type(exc).__name__}: {what}{where}"

@@ -10,7 +10,7 @@ from mlx_backend.machine.backends import get_backend
 
 def test_a_module_path_without_the_object_is_a_value_error_not_a_traceback():
     """``module.path:object`` where the module has no such object (before: ``AttributeError`` and a traceback)."""
-    with pytest.raises(ValueError, match=r"backend 'os\.path:nothing': os\.path has no 'nothing'"):
+    with pytest.raises(ValueError, match=r"backend 'os\.path:nothing': os\.path has no attribute 'nothing'"):
         get_backend("os.path:nothing")
 
 
@@ -31,3 +31,16 @@ def test_the_command_line_prints_one_line(monkeypatch, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("ngram-spec stats: error: backend 'os.path:nothing' (from $NGRAM_SPEC_BACKEND)")
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_backend_module_that_fails_to_import_is_one_line_naming_its_error(monkeypatch, tmp_path, capsys):
+    """A module found on the path that raises while importing (not an ImportError): one line with what it
+    raised and where, as the conformance suite says it (one resolver for both). Before: a traceback."""
+    (tmp_path / "port_raises.py").write_text("x = 1\nraise RuntimeError('no GPU here')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    tokens = tmp_path / "t.i32"
+    tokens.write_bytes(bytes(40))
+    assert main(["stats", str(tokens), "--backend", "port_raises:api"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"ngram-spec stats: error: backend 'port_raises:api': importing 'port_raises' raised RuntimeError: "
+                   f"no GPU here (at {tmp_path}/port_raises.py:2)\n"), err
