@@ -54,11 +54,27 @@ def launch(args: list[str], tmp_path: Path, timeout: int = LAUNCH_TIMEOUT, check
     interpreter's ``mlx.launch`` (:func:`mlx_backend.distributed.sharded.mlx_launch`). ``check``: fail unless
     every rank exited with status 0 (``mlx.launch`` itself exits 0 either way)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run([mlx_launch(), "--verbose", "-n", "2", "--backend", "ring", "--", sys.executable, *args],
+    proc = subprocess.run([mlx_launch(), "--verbose", "-n", "2", "--backend", "ring", "--starting-port",
+                           str(_free_port_pair()), "--", sys.executable, *args],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     if check:
         check_ranks(proc)
     return proc
+
+
+def _free_port_pair() -> int:
+    """A port p with p and p + 1 free (the ring's two ranks listen there): mlx.launch's default, 32323 for
+    every launch, lets two test sessions on one machine join each other's rings (seen: 'rank 1 could not load
+    the model' with no reason, from a rank of another session's launch)."""
+    for _ in range(100):
+        base = _free_ports(1)[0]
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", base + 1))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no two consecutive free ports")
 
 
 def check_ranks(proc: subprocess.CompletedProcess) -> None:
