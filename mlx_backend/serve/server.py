@@ -63,7 +63,7 @@ from mlx_backend.batch.server_batch import RowPlan, RowReport, SpeculativeBatchG
 from mlx_backend.decode.draft_policy import DEFAULT_K_MAX, SEEDED_DRAFT_MAX
 from mlx_backend.decode.generate import SpecStats, stream_generate as spec_stream_generate, vocab_size
 from mlx_backend.ngram.default import lookup_drafter, make_drafter, suffix_api
-from mlx_backend.suffix.history_file import load_history, save_history
+from mlx_backend.suffix.history_file import load_history, read_history, save_history
 from reference.suffix.auto import DEFAULT_DRAFTER, DRAFTERS
 from reference.suffix.drafter import HISTORY_MAX_TOKENS
 
@@ -287,8 +287,7 @@ class NgramSpeculator:
         self._dirty_histories: set = set()
         if self.history_path is not None and scope == "user":
             self.history_path.mkdir(parents=True, exist_ok=True)
-            check_user_files(self.history_path, "--history", ".history",
-                             lambda file: load_history(file, self._new_history()), "suffix history")
+            check_user_files(self.history_path, "--history", ".history", read_history, "suffix history")
         elif self.history_path is not None:
             self.histories[None] = load_history(self.history_path, self._new_history())
         self.lock = threading.Lock()
@@ -1098,10 +1097,10 @@ def run_serve(args) -> int:
     provider = InjectedModelProvider(cli_args, model, tokenizer, args.model_id, speculator)
     generator = SpecResponseGenerator(provider, HeldPromptCache(args.prompt_cache_size), n_ctx=n_ctx)
     log.info("serving %s as `%s` (context %s, speculation %s, draft %s, drafter %s, dynamic cache %s, suffix "
-             "history %s tokens); %s", desc, args.model_id, n_ctx, "on" if speculator.speculative else "off",
+             "history %s); %s", desc, args.model_id, n_ctx, "on" if speculator.speculative else "off",
              "auto" if args.draft_max is None else args.draft_max, args.drafter,
              f"{args.dynamic} ({args.dynamic_scope})" if args.dynamic else "in memory",
-             f"{args.history_max_tokens}" + (f", {args.history}" if args.history else ", in memory"),
+             f"{args.history_max_tokens} tokens, " + (f"kept in {args.history}" if args.history else "in memory"),
              f"up to {args.decode_concurrency} requests decode together (one verify forward for all)"
              if provider.is_batchable else f"requests are served one at a time ({provider.unbatched_reason})")
 

@@ -38,14 +38,17 @@ def save_history(path: str | os.PathLike, history) -> None:
         np.savez(f, tokens=tokens, lengths=lengths)
 
 
-def load_history(path: str | os.PathLike, history):
-    """Add the sequences saved at ``path`` to ``history`` (oldest first) and return it; a missing file adds
-    nothing. A file that is not a history (not an ``.npz`` archive of the two arrays above, ids outside
-    0..2**31-1, lengths that do not add up) raises ``ValueError`` naming it: it would be written back."""
-    if not os.path.exists(path):
-        return history
+def read_history(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
+    """The ``tokens`` and ``lengths`` saved at ``path``, checked but not indexed (what ``serve`` checks every
+    user's file with at start; each is indexed at that user's first request). A file that is not a history
+    (not an ``.npz`` archive of the two arrays above, ids outside 0..2**31-1, lengths that do not add up)
+    raises ``ValueError`` naming it: it would be written back. Before, a single array (``.npy``) raised
+    ``TypeError`` (a traceback at start)."""
     try:
-        with np.load(path, allow_pickle=False) as archive:
+        archive = np.load(path, allow_pickle=False)
+        if not isinstance(archive, np.lib.npyio.NpzFile):
+            raise ValueError("a single array, not an archive")
+        with archive:
             tokens, lengths = archive["tokens"], archive["lengths"]
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
         raise ValueError(f"{path}: not a suffix history file (an .npz archive of 'tokens' and 'lengths'): "
@@ -57,6 +60,15 @@ def load_history(path: str | os.PathLike, history):
                          f"its {tokens.size} tokens")
     if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) > INT32_MAX):
         raise ValueError(f"{path}: damaged suffix history: a token id outside 0..{INT32_MAX}")
+    return tokens, lengths
+
+
+def load_history(path: str | os.PathLike, history):
+    """Add the sequences saved at ``path`` (:func:`read_history`) to ``history`` (oldest first) and return it;
+    a missing file adds nothing."""
+    if not os.path.exists(path):
+        return history
+    tokens, lengths = read_history(path)
     for end, length in zip(np.cumsum(lengths).tolist(), lengths.tolist()):
         history.add(tokens[end - length:end].astype(np.int32))
     return history

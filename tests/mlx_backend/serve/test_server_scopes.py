@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import signal
+import subprocess
+import sys
+import threading
 import time
 
 import pytest
@@ -190,3 +193,44 @@ def test_a_restarted_server_drafts_from_the_history_it_saved(llama, tmp_path):
     server.stop()
     assert fresh[0] == live[0] == restarted[0]
     assert restarted[1] == live[1] > fresh[1], (fresh, live, restarted)
+
+
+def test_the_users_histories_are_checked_at_start_without_being_indexed(tmp_path, monkeypatch):
+    """Before: to check it, every user's history file was read into a history, indexed and dropped (0.6 s
+    per full 2^18-token file on the 2-core VM: ten users' full files made the start 6 s longer), then read
+    again at that user's first request. Now the check reads the arrays only."""
+    from mlx_backend.serve.server import NgramSpeculator, RequestSpec
+    from mlx_backend.suffix.drafter import SuffixHistory
+
+    folder = tmp_path / "users"
+    first = NgramSpeculator(history=str(folder), scope="user")
+    first.finish(RequestSpec(True, 4, "alice"), [5, 6, 7, 5, 6, 7], 2, completed=True)
+    first.save()
+    added = []
+    add = SuffixHistory.add
+    monkeypatch.setattr(SuffixHistory, "add", lambda self, tokens: added.append(1) or add(self, tokens))
+    again = NgramSpeculator(history=str(folder), scope="user")
+    assert added == []
+    assert again.history_for("alice").sequences == [[5, 6, 7, 5, 6, 7]] and added == [1]
+
+
+def test_the_start_line_names_the_history_file_and_its_bound(llama, tmp_path):
+    """Before: ``suffix history 1000, PATH tokens``."""
+    from test_server import free_port  # tests/mlx_backend/serve/test_server.py
+
+    history = tmp_path / "history"
+    proc = subprocess.Popen([sys.executable, "-m", "mlx_backend.cli", "serve", "--model", str(llama), "--port",
+                             str(free_port()), "--history", str(history), "--history-max-tokens", "1000"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    hung = threading.Timer(240, proc.kill)               # a server that never logs its start: readline ends
+    hung.start()
+    lines = []
+    try:
+        while not lines or "serving" not in lines[-1]:
+            lines.append(proc.stdout.readline())
+            assert lines[-1], "".join(lines)             # the server exited (or was killed) before its start line
+    finally:
+        hung.cancel()
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert f"suffix history 1000 tokens, kept in {history})" in lines[-1], lines[-1]

@@ -54,9 +54,16 @@ def _npz(path, **arrays):
         np.savez(f, **arrays)
 
 
+def _npy(path, array):
+    """A single array (``np.save``): before, ``TypeError`` (not a context manager), a traceback at start."""
+    with open(path, "wb") as f:
+        np.save(f, array)
+
+
 @pytest.mark.parametrize("write, words", [
     (lambda p: p.write_bytes(b""), "not a suffix history file"),
     (lambda p: p.write_bytes(b"\x01\x02 not an archive"), "not a suffix history file"),
+    (lambda p: _npy(p, np.arange(3)), "not a suffix history file"),
     (lambda p: _npz(p, tokens=np.arange(3, dtype=np.int32)), "not a suffix history file"),
     (lambda p: _npz(p, tokens=np.zeros((2, 2), np.int32), lengths=np.array([4])), "1-D integer arrays"),
     (lambda p: _npz(p, tokens=np.arange(3.0), lengths=np.array([3])), "1-D integer arrays"),
@@ -64,7 +71,7 @@ def _npz(path, **arrays):
     (lambda p: _npz(p, tokens=np.arange(3, dtype=np.int32), lengths=np.array([3, 0])), "must add up"),
     (lambda p: _npz(p, tokens=np.array([1, -1], np.int64), lengths=np.array([2])), "token id outside"),
     (lambda p: _npz(p, tokens=np.array([1, 2**31], np.int64), lengths=np.array([2])), "token id outside"),
-], ids=["empty", "not-npz", "no-lengths", "2-D", "floats", "short", "zero-length", "negative", "too-large"])
+], ids=["empty", "not-npz", "npy", "no-lengths", "2-D", "floats", "short", "zero-length", "negative", "too-large"])
 def test_a_file_that_is_not_a_history_is_refused_by_name(tmp_path, write, words):
     path = tmp_path / "h"
     write(path)
