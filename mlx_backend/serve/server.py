@@ -1148,14 +1148,14 @@ def _save_on_shutdown(speculator: NgramSpeculator) -> bool:
 def _stopped_once_by_signals():
     """SIGTERM and SIGINT stop the server once: the first raises ``KeyboardInterrupt`` in the main thread
     (mlx-lm's ``serve_forever`` shuts the server down on it); later ones, while the requests in flight are
-    answered and the dynamic cache is saved, are logged and ignored (before: a second signal broke the
+    answered and the dynamic cache and suffix history are saved, are logged and ignored (before: a second signal broke the
     shutdown, exit 130, 143 or 134, sometimes before the save). The previous handlers come back after."""
     stopping = []
 
     def stop(signum, frame):
         if stopping:
-            log.warning("%s again: already stopping (answering the requests in flight, then saving the dynamic "
-                        "cache)", signal.Signals(signum).name)
+            log.warning("%s again: already stopping (answering the requests in flight, then saving what was "
+                        "learned: --dynamic, --history)", signal.Signals(signum).name)
             return
         stopping.append(signum)
         raise KeyboardInterrupt
