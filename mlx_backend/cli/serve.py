@@ -57,44 +57,29 @@ def check_args(args) -> None:
     check_sampling(args.temp, args.top_p, args.min_p, args.top_k, cli=True)   # generate's checks and words
     if args.prompt_cache_size < 0:
         raise ValueError(f"--prompt-cache-size must be >= 0 (0: keep no prompt cache), got {args.prompt_cache_size}")
-    check_dynamic(args.dynamic, args.dynamic_scope, args.static)
-    check_history(args.history, args.dynamic_scope, args.dynamic, args.static)
+    check_kept(args.dynamic, args.history, args.dynamic_scope, args.static)
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
     check_listen(args.host, args.port)
 
 
-def check_dynamic(path, scope: str, static) -> None:
-    """``--dynamic`` is one cache file with ``--dynamic-scope server`` (written as ``generate --dynamic`` is:
-    not a directory, in a folder that exists, not the ``--static`` file) and a directory (made if missing)
-    of one file per user with ``--dynamic-scope user``."""
-    if path is None:
-        return
-    if scope == "user" and os.path.exists(path) and not os.path.isdir(path):
-        raise ValueError(f"--dynamic {path} is a file, but --dynamic-scope user keeps one cache per user in a "
-                         "directory: name a directory (made if missing), or use --dynamic-scope server")
-    if scope == "server" and os.path.isdir(path):
-        raise ValueError(f"--dynamic {path} is a directory, but --dynamic-scope server keeps one cache file: "
-                         "name a file, or use --dynamic-scope user")
+def check_kept(dynamic, history, scope: str, static) -> None:
+    """``--dynamic`` and ``--history`` are each one file with ``--dynamic-scope server`` (written as
+    ``generate --dynamic`` is: not a directory, in a folder that exists, not the ``--static`` file, not each
+    other) and a directory (made if missing) of one file per user with ``--dynamic-scope user`` (the same
+    directory will do: ``user-*.history`` beside ``user-*.ngram``)."""
+    for flag, path, what, same in (("--dynamic", dynamic, "cache", ""), ("--history", history, "history",
+                                                                         "; --dynamic's will do")):
+        if path is None:
+            continue
+        if scope == "user" and os.path.exists(path) and not os.path.isdir(path):
+            raise ValueError(f"{flag} {path} is a file, but --dynamic-scope user keeps one {what} per user in a "
+                             f"directory: name a directory (made if missing{same}), or use --dynamic-scope server")
+        if scope == "server" and os.path.isdir(path):
+            raise ValueError(f"{flag} {path} is a directory, but --dynamic-scope server keeps one {what} file: "
+                             "name a file, or use --dynamic-scope user")
     if scope == "server":
-        check_outputs({"--dynamic": path}, inputs=[static])
-
-
-def check_history(path, scope: str, dynamic, static) -> None:
-    """``--history`` is kept as ``--dynamic`` is (:func:`check_dynamic`): a file with ``--dynamic-scope
-    server`` (not the ``--dynamic`` or ``--static`` file), a directory with ``--dynamic-scope user`` (which
-    may be ``--dynamic``'s: the files differ, ``user-*.history`` beside ``user-*.ngram``)."""
-    if path is None:
-        return
-    if scope == "user" and os.path.exists(path) and not os.path.isdir(path):
-        raise ValueError(f"--history {path} is a file, but --dynamic-scope user keeps one history per user in a "
-                         "directory: name a directory (made if missing; --dynamic's will do), or use "
-                         "--dynamic-scope server")
-    if scope == "server" and os.path.isdir(path):
-        raise ValueError(f"--history {path} is a directory, but --dynamic-scope server keeps one history file: "
-                         "name a file, or use --dynamic-scope user")
-    if scope == "server":
-        check_outputs({"--dynamic": dynamic, "--history": path}, inputs=[static])
+        check_outputs({"--dynamic": dynamic, "--history": history}, inputs=[static])
 
 
 def check_listen(host: str, port: int) -> None:

@@ -62,6 +62,16 @@ def launch(args: list[str], tmp_path: Path, timeout: int = LAUNCH_TIMEOUT, check
     return proc
 
 
+def refused_lines(proc: subprocess.CompletedProcess) -> list[str]:
+    """The ``error:`` lines of a launch that every rank must have refused: each rank exited non-zero (status
+    2, or the launcher's SIGTERM when the other rank ended first), and no traceback was printed. The "[ring] ..."
+    lines are the ring backend's connection log (on with --verbose: "(error: 111 )" is a retry)."""
+    exits = rank_exits(proc.stderr)
+    assert sorted(exits) == [0, 1] and 0 not in exits.values(), proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return [line for line in proc.stderr.splitlines() if "error:" in line and not line.startswith("[ring] ")]
+
+
 def _free_port_pair() -> int:
     """A port p with p and p + 1 free (the ring's two ranks listen there): mlx.launch's default, 32323 for
     every launch, lets two test sessions on one machine join each other's rings (seen: 'rank 1 could not load
@@ -276,10 +286,7 @@ def test_cli_shard_prints_once_and_equals_plain(tmp_path):
                    cwd=ROOT, check=True, capture_output=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     proc = launch(["-m", "mlx_backend.cli", "generate", "--model", str(llama), "--shard", "pipeline", *prompt],
                   tmp_path, timeout=300, check=False)
-    exits = rank_exits(proc.stderr)   # status 2, or the launcher's SIGTERM when the other rank ended first
-    assert sorted(exits) == [0, 1] and 0 not in exits.values(), proc.stderr
-    # (the "[ring] ..." lines are the ring backend's connection log, on with --verbose: "(error: 111 )" is a retry)
-    errors = [line for line in proc.stderr.splitlines() if "error:" in line and not line.startswith("[ring] ")]
+    errors = refused_lines(proc)
     assert len(errors) == 1, proc.stderr
     assert errors[0].startswith("ngram-spec generate: error: mlx-lm ")
     assert errors[0].endswith("has no pipeline-parallel sharding for llama models (model.pipeline() is missing): "
@@ -347,9 +354,7 @@ def test_cli_model_missing_on_one_rank_is_named(tmp_path):
                        "--max-tokens", "2"]))
     """)
     proc = launch(["-c", script], tmp_path, timeout=300, check=False)
-    exits = rank_exits(proc.stderr)
-    assert sorted(exits) == [0, 1] and 0 not in exits.values(), proc.stderr
-    errors = sorted(line for line in proc.stderr.splitlines() if "error:" in line and not line.startswith("[ring] "))
+    errors = sorted(refused_lines(proc))
     assert errors == [
         "ngram-spec generate: error: rank 1 could not load the model (the reason is on that rank's own line, "
         "'ngram-spec generate: error: rank R: ...')",
@@ -391,10 +396,7 @@ def test_cli_ranks_with_different_static_files_get_one_line(tmp_path):
                        "--prompt-tokens", {str(prompt)!r}, "--max-tokens", "2", "--draft-max", "2"]))
     """)
     proc = launch(["-c", script], tmp_path, timeout=300, check=False)
-    exits = rank_exits(proc.stderr)
-    assert sorted(exits) == [0, 1] and 0 not in exits.values(), proc.stderr
-    assert "Traceback" not in proc.stderr, proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if "error:" in line and not line.startswith("[ring] ")]
+    errors = refused_lines(proc)
     assert errors == ["ngram-spec generate: error: rank 1 disagrees with rank 0 on the n-gram cache files "
                       "(--static / --dynamic): give every rank the same files"], proc.stderr
 
@@ -415,9 +417,6 @@ def test_cli_ranks_with_different_models_get_one_line(tmp_path):
                        "--max-tokens", "2"]))
     """)
     proc = launch(["-c", script], tmp_path, timeout=300, check=False)
-    exits = rank_exits(proc.stderr)
-    assert sorted(exits) == [0, 1] and 0 not in exits.values(), proc.stderr
-    assert "Traceback" not in proc.stderr, proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if "error:" in line and not line.startswith("[ring] ")]
+    errors = refused_lines(proc)
     assert errors == ["ngram-spec generate: error: rank 1 disagrees with rank 0 on the model (--model): give every "
                       "rank the same model, at the same path or a copy"], proc.stderr
