@@ -42,13 +42,13 @@ def read_history(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
     """The ``tokens`` and ``lengths`` saved at ``path``, checked but not indexed (what ``serve`` checks every
     user's file with at start; each is indexed at that user's first request). A file that is not a history
     (not an ``.npz`` archive of the two arrays above, ids outside 0..2**31-1, lengths that do not add up)
-    raises ``ValueError`` naming it: it would be written back. Before, a single array (``.npy``) raised
-    ``TypeError`` (a traceback at start)."""
+    raises ``ValueError`` naming it: it would be written back. Anything but a zip archive is refused before
+    ``np.load`` reads it: a single array (``.npy``) would come back as an array (before: a ``TypeError``
+    traceback at start), and other bytes as numpy's advice to load pickled data unsafely."""
     try:
-        archive = np.load(path, allow_pickle=False)
-        if not isinstance(archive, np.lib.npyio.NpzFile):
-            raise ValueError("a single array, not an archive")
-        with archive:
+        if not zipfile.is_zipfile(path):
+            raise ValueError("it is not a zip archive")
+        with np.load(path, allow_pickle=False) as archive:
             tokens, lengths = archive["tokens"], archive["lengths"]
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
         raise ValueError(f"{path}: not a suffix history file (an .npz archive of 'tokens' and 'lengths'): "

@@ -63,6 +63,7 @@ def _npy(path, array):
 @pytest.mark.parametrize("write, words", [
     (lambda p: p.write_bytes(b""), "not a suffix history file"),
     (lambda p: p.write_bytes(b"\x01\x02 not an archive"), "not a suffix history file"),
+    (lambda p: p.write_bytes(b"x"), "not a zip archive"),
     (lambda p: _npy(p, np.arange(3)), "not a suffix history file"),
     (lambda p: _npz(p, tokens=np.arange(3, dtype=np.int32)), "not a suffix history file"),
     (lambda p: _npz(p, tokens=np.zeros((2, 2), np.int32), lengths=np.array([4])), "1-D integer arrays"),
@@ -71,10 +72,11 @@ def _npy(path, array):
     (lambda p: _npz(p, tokens=np.arange(3, dtype=np.int32), lengths=np.array([3, 0])), "must add up"),
     (lambda p: _npz(p, tokens=np.array([1, -1], np.int64), lengths=np.array([2])), "token id outside"),
     (lambda p: _npz(p, tokens=np.array([1, 2**31], np.int64), lengths=np.array([2])), "token id outside"),
-], ids=["empty", "not-npz", "npy", "no-lengths", "2-D", "floats", "short", "zero-length", "negative", "too-large"])
+], ids=["empty", "not-npz", "one-byte", "npy", "no-lengths", "2-D", "floats", "short", "zero-length", "negative", "too-large"])
 def test_a_file_that_is_not_a_history_is_refused_by_name(tmp_path, write, words):
     path = tmp_path / "h"
     write(path)
     with pytest.raises(ValueError, match=words) as info:
         load_history(path, SuffixHistory(10))
     assert str(path) in str(info.value)
+    assert "pickle" not in str(info.value)     # numpy's advice to load the file unsafely is not passed on
