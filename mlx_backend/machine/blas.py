@@ -351,7 +351,18 @@ def ensure_fast_blas(argv: list[str], choice: str | None = None, *, log=None) ->
         return
     found = candidates(choice)
     if not found:
-        if choice == "auto" and sys.platform.startswith("linux") and blas_in_use().startswith("reference"):
+        if not (sys.platform.startswith("linux") and platform.machine() == "x86_64"):
+            # nothing is interposed here: say so, rather than name an install that would change nothing
+            # (ngsolve-openblas has no wheel but Linux x86-64 and Windows; SYSTEM_OPENBLAS is x86-64's path)
+            where = f"{'macOS' if sys.platform == 'darwin' else sys.platform} {platform.machine()}"
+            if choice not in ("auto", "bundled"):
+                log(f"[blas] --blas / ${ENV_CHOICE} {choice!r} ignored on {where}: an optimized BLAS is "
+                    "interposed on Linux x86-64 only")
+            elif choice == "auto" and sys.platform.startswith("linux") and blas_in_use().startswith("reference"):
+                log(f"[blas] mlx's bundled reference BLAS: every verified token costs about a full step here; "
+                    f"an optimized BLAS is interposed on Linux x86-64 only, not on {where}")
+            return
+        if choice == "auto" and blas_in_use().startswith("reference"):
             fix = (f"no {GFORTRAN} for the {WHEEL} wheel that is installed: mlx-cpu bundles none here, or "
                    f"{cache_dir()} is not a writable folder (set NGRAM_SPEC_CACHE_DIR to one)"
                    if wheel_openblas() is not None else

@@ -382,3 +382,29 @@ def test_a_bad_blas_variable_is_refused_naming_the_variable(monkeypatch):
     with pytest.raises(ValueError, match=r"^\$NGRAM_SPEC_BLAS is 'foo', neither one of auto, .* unset it for auto"):
         blas.ensure_fast_blas(["demo"], log=lambda msg: None)
     blas.ensure_fast_blas(["demo"], "bundled", log=lambda msg: None)   # nothing to do, no error
+
+
+@pytest.mark.parametrize("system, machine", [("linux", "aarch64"), ("darwin", "arm64")])
+def test_off_linux_x86_64_no_install_is_named_and_a_named_blas_is_said_to_be_ignored(libs, monkeypatch, system, machine):
+    """Linux aarch64 and macOS (simulated): nothing is interposed there, so ``auto``'s note must not say "pip install
+    ngsolve-openblas" (no aarch64 or macOS wheel; the system path is x86-64's) and ``--blas wheel`` is said to be
+    ignored instead of doing nothing silently; macOS with ``auto`` says nothing (Metal / Accelerate)."""
+    monkeypatch.setattr(blas.sys, "platform", system)
+    monkeypatch.setattr(blas.platform, "machine", lambda: machine)
+    monkeypatch.delenv(blas.REEXEC_MARK, raising=False)
+    monkeypatch.setattr(blas.os, "execve", lambda *a: pytest.fail("re-executed off Linux x86-64"))
+    notes = []
+    blas.ensure_fast_blas(["demo"], "auto", log=notes.append)
+    if system == "linux":
+        note, = notes
+        assert "reference BLAS" in note and "Linux x86-64 only" in note and "aarch64" in note
+        assert "pip install" not in note and "apt-get" not in note
+    else:
+        assert notes == []
+    notes.clear()
+    blas.ensure_fast_blas(["demo"], "wheel", log=notes.append)
+    note, = notes
+    assert "'wheel' ignored" in note and machine in note
+    notes.clear()
+    blas.ensure_fast_blas(["demo"], "bundled", log=notes.append)
+    assert notes == []
