@@ -318,12 +318,20 @@ def _work(archs: list[str], send) -> None:
         send.send(("row", check(arch, lambda verdict: send.send(("phase", verdict)))))
 
 
+def start_method() -> str:
+    """``fork`` on Linux (the worker shares this process's imports); ``spawn`` elsewhere: on macOS this
+    process has loaded Metal and the Objective-C runtime by now (importing ``mlx_lm.generate`` makes its
+    generation stream), which a forked child cannot use safely (it may crash or hang: why Python's default
+    there is ``spawn``)."""
+    return "fork" if sys.platform.startswith("linux") else "spawn"
+
+
 def check_all(archs: list[str], timeout: float):
-    """Yield :func:`check` of each architecture, run in a forked worker process that handles one
-    architecture after another (sharing mlx's compiled kernels). A crash, or a stage that takes
-    over ``timeout`` seconds, becomes that architecture's verdict (by the stage it happened in),
+    """Yield :func:`check` of each architecture, run in a worker process (:func:`start_method`) that
+    handles one architecture after another (sharing mlx's compiled kernels). A crash, or a stage that
+    takes over ``timeout`` seconds, becomes that architecture's verdict (by the stage it happened in),
     and a new worker takes the rest."""
-    ctx = multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context(start_method())
     todo = list(archs)
     while todo:
         receive, send = ctx.Pipe(duplex=False)
@@ -413,7 +421,7 @@ def main(argv=None) -> int:
     parser.add_argument("arch", nargs="*", help="architecture modules to check (default: all)")
     parser.add_argument("--out", help="write the markdown table here (default: print it)")
     parser.add_argument("--timeout", type=float, default=60.0,
-                        help="seconds per architecture (default 60); they run in a forked worker")
+                        help="seconds per architecture (default 60); they run in a worker process")
     args = parser.parse_args(argv)
     archs = args.arch or architectures()
     t0 = time.perf_counter()
