@@ -15,7 +15,7 @@ from typing import Any, Callable, Generator, Optional, Union
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.generate import GenerationResponse, generation_stream
+from mlx_lm.generate import GenerationResponse, generation_stream, wired_limit
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
@@ -430,24 +430,27 @@ def stream_generate(model: nn.Module, tokenizer, prompt, max_tokens: int = 256,
     detokenizer = tokenizer.detokenizer
     detokenizer.reset()
     steps = ngram_speculative_generate_step(prompt, model, max_tokens=max_tokens, max_kv_size=max_kv_size, **kwargs)
-    tic = time.perf_counter()
-    prompt_tps = 0.0
     n, token, logprobs, from_draft = 0, None, None, False
-    for n, (token, logprobs, from_draft) in enumerate(steps):
-        if n == 0:
-            prompt_tps = prompt.size / (time.perf_counter() - tic)
-            tic = time.perf_counter()
-        if token in tokenizer.eos_token_ids:
-            break
-        detokenizer.add_token(token)
-        if n + 1 == max_tokens:
-            break
-        yield GenerationResponse(text=detokenizer.last_segment, token=token, logprobs=logprobs,
-                                 from_draft=from_draft, prompt_tokens=prompt.size,
-                                 prompt_tps=prompt_tps, generation_tokens=n + 1,
-                                 generation_tps=(n + 1) / (time.perf_counter() - tic),
-                                 peak_memory=mx.get_peak_memory() / 1e9, finish_reason=None)
-    steps.close()
+    # as mlx_lm.stream_generate: on Metal the weights are wired (the device's recommended working set) while it
+    # runs, so a large model is not paged out between steps; a no-op on the CPU
+    with wired_limit(model, [generation_stream]):
+        tic = time.perf_counter()
+        prompt_tps = 0.0
+        for n, (token, logprobs, from_draft) in enumerate(steps):
+            if n == 0:
+                prompt_tps = prompt.size / (time.perf_counter() - tic)
+                tic = time.perf_counter()
+            if token in tokenizer.eos_token_ids:
+                break
+            detokenizer.add_token(token)
+            if n + 1 == max_tokens:
+                break
+            yield GenerationResponse(text=detokenizer.last_segment, token=token, logprobs=logprobs,
+                                     from_draft=from_draft, prompt_tokens=prompt.size,
+                                     prompt_tps=prompt_tps, generation_tokens=n + 1,
+                                     generation_tps=(n + 1) / (time.perf_counter() - tic),
+                                     peak_memory=mx.get_peak_memory() / 1e9, finish_reason=None)
+        steps.close()
     detokenizer.finalize()
     yield GenerationResponse(text=detokenizer.last_segment, token=token, logprobs=logprobs,
                              from_draft=from_draft, prompt_tokens=prompt.size, prompt_tps=prompt_tps,

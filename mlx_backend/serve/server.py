@@ -55,6 +55,7 @@ from mlx_lm import __version__ as MLX_LM_VERSION
 from mlx_lm import server as mlx_server
 from mlx_lm.generate import stream_generate as plain_stream_generate
 from mlx_lm.models.cache import LRUPromptCache
+from mlx_lm.utils import maybe_set_recommended_wired_limit
 
 from reference.drafter import Drafter
 from mlx_backend.ngram.api import HashTable, as_table, load_cache
@@ -1084,6 +1085,9 @@ def run_serve(args) -> int:
                                  history=args.history)
     dtype = None if args.dtype in (None, "auto") else args.dtype
     model, tokenizer, desc = load_model(args.model, dtype)
+    # as mlx_lm.server's main (bypassed here): on Metal, wire the recommended working set for the server's life
+    # (the batched path has no per-request wired_limit); a no-op on the CPU
+    maybe_set_recommended_wired_limit()
     from mlx_lm.models.cache import make_prompt_cache
     if not any(hasattr(c, "offset") for c in make_prompt_cache(model)):
         raise ValueError(f"{desc}: the model has no attention layer; ngram-spec serve needs one to track its cache")

@@ -74,3 +74,26 @@ def test_stream_generate_refuses_prompt_ids_outside_the_vocabulary(bad, tmp_root
     model, tokenizer = loaded("llama", tmp_root)   # 260 tokens: 256 bytes and 4 specials
     with pytest.raises(ValueError, match=f"token id {bad} \\(position 1\\) is outside .* 260 tokens"):
         next(stream_generate(model, tokenizer, [104, bad, 105], max_tokens=3, draft_max=2))
+
+
+def test_stream_generate_wires_the_model_as_mlx_lm_does_on_metal(tmp_root, monkeypatch):
+    """On Metal (simulated: the device reports a recommended working set) mlx_lm.stream_generate sets mlx's wired
+    limit to it while generating and restores it after; ours must do the same, or a Mac user's speculative run
+    pages where the plain one (``--no-spec``, mlx-lm's own) does not."""
+    import mlx.core as mx
+
+    model, tokenizer = loaded("llama", tmp_root)
+    limits = []
+    monkeypatch.setattr(mx, "device_info", lambda: {"max_recommended_working_set_size": 1 << 40})
+    monkeypatch.setattr(mx, "set_wired_limit", lambda n: limits.append(n) or 7)
+
+    def run(gen):
+        seen = []
+        for r in gen:
+            seen.append(list(limits))   # the limits set while this response was being produced
+        return seen
+    plain = run(mlx_lm.stream_generate(model, tokenizer, "xyzzy xyzzy", max_tokens=6, sampler=argmax_sampler))
+    assert limits == [1 << 40, 7] and plain[0] == [1 << 40]
+    limits.clear()
+    ours = run(stream_generate(model, tokenizer, "xyzzy xyzzy", max_tokens=6, draft_max=4))
+    assert limits == [1 << 40, 7] and ours[0] == [1 << 40]                     # set while generating, then restored
