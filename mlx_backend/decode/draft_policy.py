@@ -58,6 +58,7 @@ import logging
 import math
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -415,13 +416,25 @@ class FixedDraftLength:
         return None
 
 
+def machine_name() -> str:
+    """The machine the timings were taken on: its host name (a cache directory may be shared by machines,
+    a home folder on a cluster), except on macOS, whose host name follows the network it joins: there
+    the chip and its memory (``mx.device_info()``), so a Mac keeps its learned costs from one network to
+    the next."""
+    if sys.platform == "darwin":
+        info = mx.device_info()
+        return f"{info.get('device_name', platform.processor())} {info.get('memory_size', '')}".strip()
+    return platform.node()
+
+
 def model_key(model: nn.Module, what) -> str:
     """What a step cost depends on: the measurement ``what``, architecture and sizes, dtype,
-    device, machine, mlx version, BLAS; and :data:`COSTS_VERSION`, what the kept timings mean."""
+    device, machine (:func:`machine_name`), mlx version, BLAS; and :data:`COSTS_VERSION`, what the kept
+    timings mean."""
     params = tree_flatten(model.parameters())
     shapes = sorted((name, tuple(p.shape), str(p.dtype)) for name, p in params)
     return json.dumps([COSTS_VERSION, type(model).__module__, repr(shapes), what, str(mx.default_device()),
-                       platform.machine(), platform.node(), mx.__version__, blas_in_use()])
+                       platform.machine(), machine_name(), mx.__version__, blas_in_use()])
 
 
 def cost_file() -> Path:

@@ -8,6 +8,7 @@ import json
 import math
 
 import mlx.core as mx
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from mlx_backend.decode import draft_policy
@@ -186,6 +187,23 @@ def test_learned_costs_are_kept_for_later_runs(tmp_path, monkeypatch):
     again = learned_costs(model)
     assert again is not learned and again.samples == learned.samples and again.estimate() == learned.estimate()
 
+
+
+@pytest.mark.parametrize("system, follows_host_name", [("linux", True), ("darwin", False)])
+def test_the_cost_key_follows_the_host_name_except_on_macos(monkeypatch, system, follows_host_name):
+    """The kept costs are per machine: by host name on Linux (a cache folder shared by a cluster's machines),
+    by chip and memory on macOS (simulated), where the host name changes with the network a laptop joins and
+    would throw the learned costs away."""
+    model = tiny_model("llama", seed=9)
+    monkeypatch.setattr(draft_policy.sys, "platform", system)
+    monkeypatch.setattr(draft_policy.mx, "device_info", lambda: {"device_name": "Apple M3", "memory_size": 1 << 35})
+    keys = []
+    for host in ("home.local", "Johns-MacBook-Pro.office"):
+        monkeypatch.setattr(draft_policy.platform, "node", lambda: host)
+        keys.append(model_key(model, [draft_policy.DEFAULT_K_MAX + 1, None]))
+    assert (keys[0] != keys[1]) == follows_host_name
+    monkeypatch.setattr(draft_policy.mx, "device_info", lambda: {"device_name": "Apple M3", "memory_size": 1 << 36})
+    assert (model_key(model, [draft_policy.DEFAULT_K_MAX + 1, None]) != keys[1]) == (not follows_host_name)
 
 SAVER = """
 import pathlib, sys, time
