@@ -132,10 +132,14 @@ def _mapped(path: str) -> bool:
 def blas_in_use() -> str:
     """The BLAS that serves mlx's matmuls in this process.
 
-    A BLAS named in ``LD_PRELOAD`` and actually loaded interposes on the one libmlx links (numpy's
-    bundled OpenBLAS uses prefixed symbols and does not); otherwise on Linux it is the reference
-    BLAS that the mlx-cpu wheel bundles, on macOS Accelerate.
+    On a GPU (Metal, CUDA) no BLAS does: the matmuls are the GPU's kernels. On the CPU, a BLAS named in
+    ``LD_PRELOAD`` and actually loaded interposes on the one libmlx links (numpy's bundled OpenBLAS uses
+    prefixed symbols and does not); otherwise on Linux it is the reference BLAS that the mlx-cpu wheel
+    bundles, on macOS Accelerate.
     """
+    import mlx.core as mx
+    if mx.default_device() == mx.gpu:
+        return f"none: matmuls on the GPU ({'Metal' if mx.metal.is_available() else 'CUDA'})"
     if sys.platform == "darwin":
         return "Accelerate"
     for lib in _preloaded_blas():
@@ -348,6 +352,10 @@ def ensure_fast_blas(argv: list[str], choice: str | None = None, *, log=None) ->
         if choice != "bundled" and blas_in_use().startswith("reference"):
             log(f"[blas] warning: {os.environ.get('LD_PRELOAD')} could not be loaded; running on mlx's bundled "
                 "reference BLAS")
+        return
+    if blas_in_use().startswith("none"):   # mlx[cuda] on Linux x86-64: the matmuls are not a BLAS's to speed up
+        if choice not in ("auto", "bundled"):
+            log(f"[blas] --blas / ${ENV_CHOICE} {choice!r} ignored: {blas_in_use()[len('none: '):]}")
         return
     found = candidates(choice)
     if not found:

@@ -408,3 +408,25 @@ def test_off_linux_x86_64_no_install_is_named_and_a_named_blas_is_said_to_be_ign
     notes.clear()
     blas.ensure_fast_blas(["demo"], "bundled", log=notes.append)
     assert notes == []
+
+
+@pytest.mark.parametrize("metal", [True, False])
+def test_on_a_gpu_no_blas_is_named_tried_or_interposed(libs, monkeypatch, metal):
+    """mlx on a GPU (simulated: Metal on a Mac, mlx[cuda] on Linux x86-64): the matmuls are the GPU's kernels, so
+    the records name no BLAS, no library is probed or interposed, and a named --blas is said to be ignored
+    (before: "reference BLAS (bundled with mlx-cpu)" in every record of a CUDA run, and a re-run with OpenBLAS
+    interposed that changed nothing)."""
+    import mlx.core as mx
+
+    monkeypatch.setattr(mx, "default_device", lambda: mx.Device(mx.gpu))
+    monkeypatch.setattr(mx.metal, "is_available", lambda: metal)
+    monkeypatch.delenv(blas.REEXEC_MARK, raising=False)
+    monkeypatch.setattr(blas, "candidates", lambda choice: pytest.fail("a BLAS was looked for on a GPU"))
+    monkeypatch.setattr(blas.os, "execve", lambda *a: pytest.fail("re-executed on a GPU"))
+    assert blas.blas_in_use() == f"none: matmuls on the GPU ({'Metal' if metal else 'CUDA'})"
+    notes = []
+    blas.ensure_fast_blas(["demo"], "auto", log=notes.append)
+    assert notes == []
+    blas.ensure_fast_blas(["demo"], "wheel", log=notes.append)
+    note, = notes
+    assert "'wheel' ignored" in note and ("Metal" if metal else "CUDA") in note
