@@ -620,3 +620,34 @@ def test_an_interrupted_refresh_of_a_mutation_tree_keeps_the_old_tree(tmp_path, 
         mutation.run_module(session, "mod", 1, 60.0, None, rerun_survivors=True)
     assert {p.parent.name: p.read_text() for p in tree.glob("*/m.py")} == {"a": "old", "b": "old"}
     assert sorted(p.name for p in (session / "trees").iterdir()) == ["mod"]
+
+
+@pytest.mark.parametrize("mode, data", [("wb", b"new bytes"), ("w", "new text")])
+def test_the_new_content_is_on_disk_before_the_rename(tmp_path, monkeypatch, mode, data):
+    """atomic_write's promise: the temporary file is flushed and fsync'ed, then renamed over the target. A rename
+    without the fsync can leave, after a crash, a zero-length file where the old one was (the rename reaches
+    the disk before the data): the fsync must be of the temporary file, with all its bytes, before the rename.
+    Before, no test looked: a write without fsync passed every test."""
+    import reference.atomic as atomic
+
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.fstat(fd).st_ino, os.fstat(fd).st_size))
+        real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("replace", os.stat(src).st_ino, os.stat(src).st_size))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(atomic.os, "fsync", fsync)
+    monkeypatch.setattr(atomic.os, "replace", replace)
+    path = tmp_path / "out"
+    path.write_bytes(OLD)
+    with atomic_write(path, mode) as f:
+        f.write(data)
+    size = len(data if isinstance(data, bytes) else data.encode())
+    (_, ino, synced), (what, renamed, _) = events
+    assert what == "replace" and ino == renamed and synced == size, events
+    assert path.read_bytes() == (data if isinstance(data, bytes) else data.encode())

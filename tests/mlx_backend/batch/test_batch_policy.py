@@ -151,3 +151,21 @@ def test_alike_rows_burst_as_they_sum(a, k, B, slope):
     rates = sorted(e[S - 1] / costs[B * S - 1] for S in range(1, n + 2))
     assume(all(y - x > 1e-6 * y for x, y in zip(rates, rates[1:])))   # no ties: both take the narrower, up to rounding
     assert width([e] * B, [n] * B, costs, remaining=[500.0] * B) == width([e] * B, [n] * B, costs)
+
+
+def test_leaving_plain_steps_pays_for_the_lost_overlap():
+    """rel_restart (c(1) - c_p over c(1), what the generator passes) on cases it decides, summed and burst:
+    the module doctests' leaving cases stay in plain mode once the pipeline's lost overlap is added to the
+    verify's cost. Before, no test passed rel_restart: a rule that dropped it passed."""
+    expected, n, rel = [[1.0, 1.9], [1.0, 1.0]], [1, 0], [1.0, 1.1, 1.2, 1.3]
+    # summed: 2.9 tokens / c(4) = 2.9 / 1.3 = 2.23 > B / c_p(B) = 2 / 1.1 = 1.82; 2.9 / (1.3 + 0.35) = 1.76 < 1.82
+    assert leave_plain(expected, n, rel, rel_plain=1.1)
+    assert leave_plain(expected, n, rel, rel_plain=1.1, rel_restart=0.25)          # 2.9 / 1.55 = 1.87
+    assert not leave_plain(expected, n, rel, rel_plain=1.1, rel_restart=0.35)
+    # burst, R = [40, 20]: p(k) = c(k) c_p(B) / c(B) = [1.0, 1.1], P(R) = 20 * 1.0 + 20 * 1.1 = 42; a plain step
+    # saves P(R) - P(R - 1) = 1.1 in c_p(B) = 1.1 (1.0 per cost); S = 2 leaves R - E = [38.1, 19], P = 40: it saves
+    # 2.0 in 1.3 + restart, so it leaves while restart < 0.7
+    burst = dict(rel_plain=1.1, remaining=[40, 20])
+    assert leave_plain(expected, n, rel, **burst)
+    assert leave_plain(expected, n, rel, rel_restart=0.6, **burst)
+    assert not leave_plain(expected, n, rel, rel_restart=0.8, **burst)

@@ -299,3 +299,77 @@ def test_stats_show_the_policy():
     assert sum(stats.policy["decisions"].values()) == stats.steps
     assert sum(stats.draft_lengths.values()) == stats.steps
     assert stats.policy["cost_rel"][0] == 1.0
+
+
+def test_a_miss_closes_the_proposal_so_later_positions_are_conditional():
+    """a_i is the acceptance of draft token i GIVEN tokens 1..i-1 were accepted: a proposal stops being scored
+    at its first miss. Proposals that are wrong at position 1 and right at position 2 (the model's token after
+    next) leave a_2 unobserved at its prior; scoring position 2 regardless (a proposal kept open after a miss)
+    would drive a_2 to 1 and make the policy draft past tokens it expects to be rejected."""
+    policy = DraftPolicy([1.0, 1.0, 1.0], prior=0.5, alpha=0.5)
+    for t in range(12):   # at step t the model emits t + 1; the proposal guesses [wrong, t + 2]
+        policy.observe([-1, t + 2], [t + 1])
+    assert policy._n_obs[0] == [12, 0]
+    assert policy.accept[0] < 0.01 and policy.accept[1] == 0.5
+    # for a suffix match (one estimate for all positions), only position 1 is a trial: 12 misses, no hit
+    bucketed = DraftPolicy([1.0, 1.0, 1.0], prior=0.5, alpha=0.0001)
+    for t in range(12):
+        bucketed.observe([-1, t + 2], [t + 1], match_length=40)
+    assert abs(bucketed.acceptance(40)[0] - 1 / 14) < 0.01       # (2 * 0.5 + 0 hits) / (2 + 12 trials)
+
+
+def weighted_isotonic(values, weights):
+    """The non-decreasing fit minimising sum w (fit - v)^2, by the min-max formula (independent of the pooling
+    algorithm): fit[i] = max_{j <= i} min_{k >= i} (weighted mean of values[j..k])."""
+    def mean(j, k):
+        return sum(w * v for v, w in zip(values[j:k + 1], weights[j:k + 1])) / sum(weights[j:k + 1])
+    n = len(values)
+    return [max(min(mean(j, k) for k in range(i, n)) for j in range(i + 1)) for i in range(n)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(samples=st.dictionaries(st.integers(1, 9), st.lists(st.floats(0.5, 10), min_size=1, max_size=6), max_size=9))
+def test_timed_sizes_are_pooled_by_their_number_of_timings(samples):
+    """Where the medians decrease, the estimate at the timed sizes is the weighted least-squares monotone fit,
+    each size weighing its number of timings (an untimed S = 1 weighs 1 at c(1) = c_p): a size timed once
+    must not pull down one timed six times as much. Before, only monotonicity was checked once pooling
+    happened, and equal weights passed."""
+    import statistics
+
+    costs = StepCosts(9)
+    for _ in range(draft_policy.MIN_PLAIN):
+        costs.add(0, 1.0)
+    for S, values in samples.items():
+        for v in values:
+            costs.add(0, 1.0)
+            costs.add(S, v)
+    estimate, _ = costs.estimate()
+    known = sorted({1, *samples})
+    medians = [statistics.median(samples[S]) if S in samples else 1.0 for S in known]
+    weights = [len(samples.get(S, ())) or 1 for S in known]
+    for S, fit in zip(known, weighted_isotonic(medians, weights)):
+        assert math.isclose(estimate[S - 1], fit, rel_tol=1e-9), (S, estimate[S - 1], fit)
+
+
+def test_a_size_timed_once_weighs_less_than_one_timed_often():
+    costs = StepCosts(4)
+    for _ in range(draft_policy.MIN_PLAIN):
+        costs.add(0, 1.0)
+    costs.add(2, 3.0)                       # S = 2 once at 3.0, S = 3 six times at 2.0: pooled (3 + 12) / 7
+    for _ in range(6):
+        costs.add(3, 2.0)
+    estimate, _ = costs.estimate()
+    assert math.isclose(estimate[1], 15 / 7) and math.isclose(estimate[2], 15 / 7)
+
+
+def test_leaving_plain_mode_pays_for_the_lost_overlap():
+    """The restart term c(1) - c_p of the rule, on a case it decides. Every draft right (a = 1), c(S) = 1.6,
+    c_p = 1: verifying P[1] yields E(2) - a_1 = 2 tokens in c(2) + c(1) - c_p = 2.2, plain mode makes 2.2
+    tokens meanwhile: stay. Without the restart term (c(2) / c_p = 1.6 < 2) it would leave. With no pipelining
+    gain (c_p = c(1)) the same proposal leaves, and so does a longer one (E(3) - a_1 = 3 > 2.2).
+    test_plain_mode_rule's random draws rarely land where this term decides (about 2 in 100), so a rule
+    without it passed there."""
+    costs = [1.6, 1.6, 1.6, 1.6]
+    assert not DraftPolicy(costs, prior=1.0, plain_cost=1.0).leave_plain(2)
+    assert DraftPolicy(costs, prior=1.0).leave_plain(2)
+    assert DraftPolicy(costs, prior=1.0, plain_cost=1.0).leave_plain(3)

@@ -234,3 +234,43 @@ def test_the_start_line_names_the_history_file_and_its_bound(llama, tmp_path):
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=60)
     assert f"suffix history 1000 tokens, kept in {history})" in lines[-1], lines[-1]
+
+
+
+def response_ngrams(full, n_prompt):
+    """Independent count of ``(n, t0, t1, t2, t3, token)`` keys: every n-gram (n = 1..4) whose follower is a
+    response token ``full[i]``, ``i >= n_prompt`` (the prompt's own n-grams are not learned)."""
+    import collections
+
+    keys = collections.Counter()
+    for i in range(n_prompt, len(full)):
+        for n in range(1, min(4, i) + 1):
+            keys[(n, *full[i - n:i], *[-1] * (4 - n), full[i])] += 1
+    return keys
+
+
+def rows(counter):
+    return sorted(k + (c,) for k, c in counter.items())
+
+
+def test_the_dynamic_cache_learns_exactly_the_response_ngrams_of_completed_requests():
+    """The class docstring's rule, counted independently: a completed request teaches its cache the n-grams
+    whose followers are response tokens (n-grams may reach back into the prompt), once per occurrence; the
+    prompt's own n-grams, a cancelled request and another user's request teach it nothing. Before, only
+    ``len(cache) > 0`` was checked: learning the prompt too, or dropping the first response token, passed."""
+    from mlx_backend.serve.server import NgramSpeculator, RequestSpec
+
+    a = [5, 6, 7, 5, 6, 7, 8, 5, 6]          # prompt of 4 tokens, then 5 response tokens
+    b = [9, 5, 6, 7, 9]                      # prompt of 2 tokens
+    server = NgramSpeculator()
+    server.finish(RequestSpec(True, 4, None), a, 4, completed=True)
+    assert server.dynamic_for(None).entries() == rows(response_ngrams(a, 4))
+    server.finish(RequestSpec(True, 4, None), [1, 2, 3, 1, 2, 3], 2, completed=False)    # cancelled: nothing
+    server.finish(RequestSpec(True, 4, None), b, 2, completed=True)
+    assert server.dynamic_for(None).entries() == rows(response_ngrams(a, 4) + response_ngrams(b, 2))
+
+    users = NgramSpeculator(scope="user")
+    users.finish(RequestSpec(True, 4, "alice"), a, 4, completed=True)
+    users.finish(RequestSpec(True, 4, "bob"), b, 2, completed=True)
+    assert users.dynamic_for("alice").entries() == rows(response_ngrams(a, 4))
+    assert users.dynamic_for("bob").entries() == rows(response_ngrams(b, 2))

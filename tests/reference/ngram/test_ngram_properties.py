@@ -185,3 +185,32 @@ def test_replay_adds_the_chunks_to_a_copy_of_the_dynamic_cache(inp, n_ctx, c_dyn
         chunk = inp[k * n_ctx:(k + 1) * n_ctx]
         chunks.update(chunk, len(chunk))
     assert stats.c_dyn == before.copy().merge(chunks)
+
+
+@SETTINGS
+@given(st.dictionaries(ngrams, st.dictionaries(token_ids, counts, min_size=1, max_size=4), min_size=1, max_size=12),
+       st.randoms(use_true_random=False))
+def test_equal_caches_save_to_equal_bytes_in_the_documented_order(tmp_path_factory, counts_dict, rnd):
+    """cache_file's promise: records sorted (n-grams by size then tokens, followers by token), so that equal
+    caches give equal files whatever order they were built in. Before, only the size and the loaded counts
+    were checked: a save in insertion order passed."""
+    def shuffled(d):
+        items = list(d.items())
+        rnd.shuffle(items)
+        return dict(items)
+
+    a = NgramCache({eta: dict(sorted(part.items())) for eta, part in counts_dict.items()})
+    b = NgramCache({eta: shuffled(part) for eta, part in shuffled(counts_dict).items()})
+    folder = tmp_path_factory.mktemp("order")
+    save_cache(a, folder / "a.bin")
+    save_cache(b, folder / "b.bin")
+    data = (folder / "b.bin").read_bytes()
+    assert (folder / "a.bin").read_bytes() == data
+    words, o, keys = np.frombuffer(data, "<i4").tolist(), 0, []
+    while o < len(words):
+        slots, nt = words[o:o + 4], words[o + 4]
+        followers = words[o + 5:o + 5 + 2 * nt:2]
+        assert followers == sorted(followers) and len(set(followers)) == nt
+        keys.append((4 - slots.count(-1), slots))
+        o += 5 + 2 * nt
+    assert keys == sorted(keys) and len(keys) == len(counts_dict)
