@@ -359,3 +359,15 @@ def test_a_damaged_cache_of_our_format_is_refused_not_copied(capsys, tmp_path, a
     rc, _, err = run(capsys, *argv, "--backend", "mlx")
     assert rc == 2 and "bad.ngc" in err and "negative token" in err, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("n_tokens, chunks", [(12, 2), (13, 3), (11, 2)])
+def test_stats_counts_the_tokens_of_the_replayed_chunks(capsys, tmp_path, n_tokens, chunks):
+    """``for (i_start = 0; i_start + n_ctx < N; i_start += n_ctx)``: with n_ctx = 4, 12 tokens make 2 chunks
+    (the last full one is never replayed), 13 make 3, 11 make 2; each replays n_ctx tokens."""
+    tokens = tmp_path / "t.i32"
+    write_tokens(tokens, ([1, 2, 3] * 5)[:n_tokens])
+    rc, out, err = run(capsys, "stats", tokens, "--n-ctx", 4, "--n-draft", 2, "--json")
+    assert rc == 0, err
+    summary = json.loads(out)
+    assert (summary["n_chunks"], summary["tokens_replayed"]) == (chunks, 4 * chunks)

@@ -228,3 +228,14 @@ def test_lookup_reads_a_static_cache(capsys, tmp_path, backend):
                         tmp_path / "static.bin")
     # the corpus's 2-grams predict the whole cycle: the first step, then one step of k = 9 drafts
     assert static["verify_steps"] == 2 < plain["verify_steps"]
+
+
+def test_accept_is_the_share_of_drafted_tokens_accepted(capsys, tmp_path):
+    # T = 1..6 | 1 (k = 0) | "1" seen at the start: L = 1, 4 * L = 4 <= k = min(8, 9 - 1 - 1): draft
+    # "2 3 4 5", "2 3 4" accepted, + 9 | then 9, 8, 7 never seen before: one token a step (k = 3, 2, 1)
+    # | 6 (k = 0): 6 steps, 4 drafted, 3 accepted: 75 % of the drafts (not 3 of 6 steps)
+    f = write_requests(tmp_path / "r.jsonl", [{"prompt": [1, 2, 3, 4, 5, 6], "output": [1, 2, 3, 4, 9, 8, 7, 5, 6]}])
+    s = stats_json(capsys, "--requests", f, "--drafter", "suffix", "--draft-max", 8, "--backend", "reference")
+    assert (s["verify_steps"], s["drafted"], s["accepted"]) == (6, 4, 3)
+    assert s["accept"] == pytest.approx(75.0)
+    assert s["tokens_per_step"] == pytest.approx(9 / 6)

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 import mlx_backend.ngram.api as fast
 import reference.ngram.api as ref
 from mlx_backend.cli import main
+from reference.ngram.cache import NgramCache
 
 VOCAB = 5  # 5**4 = 625 four-token states: a draft longer than that has repeated a state, so it never stops
 
@@ -66,3 +67,20 @@ def test_stats_cli_with_a_huge_n_draft(tmp_path, capsys):
     assert main(["stats", str(path), "--n-ctx", "1000", "--n-draft", str(10**12), "--json", "--backend", "mlx"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["n_draft_calls"] == 1998 and summary["n_drafted"] % 10**12 == 0 and summary["n_drafted"] > 0
+
+
+def test_a_draft_that_stops_is_not_taken_for_a_cycle():
+    """Hand-made: the dynamic cache drafts "4 3 4 3" after "1 2 3" and then nothing (no n-gram ends in
+    "4 3 4 3" or its suffixes). The 4-token states "2 3 4 3" and "4 3 4 3" share their last three tokens
+    but are different states: the draft stops after 4 tokens, it does not run to n_draft.
+
+    Chunk "1 2 3 5 6" (n_ctx 5 of 6 tokens): calls at 1, 2 (nothing known), 3 (the draft "4 3 4 3", whose
+    first token misses 5, so the fast replay measures the rest without keeping it) and 4 (nothing)."""
+    c_dyn = NgramCache({(1, 2, 3): {4: 2}, (1, 2, 3, 4): {3: 2}, (2, 3, 4, 3): {4: 2}, (3, 4, 3, 4): {3: 2}})
+    tokens = [1, 2, 3, 5, 6, 7]
+    want = [(1, []), (2, []), (3, [4, 3, 4, 3]), (4, [])]
+    calls = []
+    ref.replay(tokens, n_ctx=5, n_draft=100, c_dyn=c_dyn, on_draft=lambda pos, d: calls.append((pos, d)))
+    assert calls == want
+    got = fast.replay(np.array(tokens, np.int32), n_ctx=5, n_draft=100, c_dyn=c_dyn)
+    assert (got.n_draft_calls, got.n_drafted, got.n_accept) == (4, 4, 0)

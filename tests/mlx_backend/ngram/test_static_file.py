@@ -393,3 +393,186 @@ def test_converted_copy_off_unwritable_or_bad_file(tmp_path, monkeypatch):
     with pytest.raises(CacheFileError):
         api.load_cache(bad)
     assert _copies(tmp_path / "user") == []
+
+
+def test_header_size_field_is_checked(ours_file, load):
+    """A header whose header-size field is not 384 (its checksum recomputed, so only that field is wrong) is
+    refused: the arrays' offsets are read against a header of the documented size."""
+    data = bytearray(ours_file.read_bytes())
+    data[16:24] = struct.pack("<Q", sf.HEADER_SIZE + sf.ALIGN)
+    data[sf.CRC_AT:sf.CRC_AT + 4] = struct.pack("<I", zlib.crc32(bytes(data[:sf.CRC_AT])))
+    ours_file.write_bytes(bytes(data))
+    with pytest.raises(CacheFileError, match="checksum"):
+        load(ours_file)
+
+
+def _save_section(path, n, keys, offsets, tokens, counts, vocab_size=0):
+    """A file of our format holding one hand-made section (the writer copies the arrays as given)."""
+    from mlx_backend.ngram.sorted_cache import Section, SortedCache, static_top
+
+    offsets, tokens, counts = (np.array(offsets, np.uint32), np.array(tokens, np.int32),
+                               np.array(counts, np.int32))
+    section = Section(n, np.array(keys, np.int64), offsets, tokens, counts, static_top(offsets, tokens, counts))
+    sf.save_ours(SortedCache({n: section}, vocab_size=vocab_size), path)
+
+
+def test_verify_refuses_an_n_gram_without_followers(tmp_path, load):
+    """Offsets ``[0, 0, 1]``: the first 2-gram has no follower, which no cache holds (docs/cache-format.md:
+    offsets strictly increasing)."""
+    path = tmp_path / "c.ngc"
+    _save_section(path, 2, [1 << 32 | 2, 3 << 32 | 4], [0, 0, 1], [5], [1])
+    with pytest.raises(CacheFileError):
+        load(path)
+    _save_section(path, 2, [1 << 32 | 2, 3 << 32 | 4], [0, 1, 2], [5, 6], [1, 1])  # the same, well formed
+    assert load(path).entries() == [(2, 1, 2, -1, -1, 5, 1), (2, 3, 4, -1, -1, 6, 1)]
+
+
+def test_verify_refuses_a_token_equal_to_the_vocabulary_size(tmp_path):
+    """A vocabulary of V tokens holds ids 0..V-1: a follower V is outside it, V-1 is not."""
+    path = tmp_path / "c.ngc"
+    c = api.build_static([1, 2, 3, 1, 2, 4])  # largest follower: 4
+    c.vocab_size = 4
+    api.save_cache(c, path, format="ours")
+    with pytest.raises(sf.CacheFormatError, match="token 4 >= vocab size 4"):
+        api.load_cache(path, verify=True)
+    c.vocab_size = 5
+    api.save_cache(c, path, format="ours")
+    assert api.load_cache(path, verify=True).entries() == c.entries()
+
+
+def test_verify_checks_the_converted_copy_too(tmp_path, monkeypatch):
+    """``load_cache(path, verify=True)`` of a llama.cpp-format file whose converted copy was damaged past its
+    header (a count made negative, the checksum still good): the copy is refused and the file read again,
+    as its plain load would be, instead of the damaged counts being returned."""
+    user = tmp_path / "user"
+    monkeypatch.setenv("NGRAM_SPEC_CACHE_DIR", str(user))
+    path = tmp_path / "static.bin"
+    c = api.build_static(np.array([1, 2, 3, 1, 2, 4, 1, 2, 3], np.int32))
+    api.save_cache(c, path)
+    copy = api.load_cache(path).converted_copy[0]
+    data = bytearray(copy.read_bytes())
+    counts_at = struct.unpack_from("<8Q", data, sf.PREFIX.size + 1 * sf.SECTION.size)[6]  # n=2's counts
+    data[counts_at:counts_at + 4] = struct.pack("<i", -4)
+    copy.write_bytes(bytes(data))
+    loaded = api.load_cache(path, verify=True)
+    assert loaded.converted_copy[1] == "written" and loaded == c
+    assert api.load_cache(path, verify=True).converted_copy[1] == "reused"
+
+
+def test_a_damaged_dynamic_file_stops_the_run(tmp_path):
+    """``load_dynamic`` checks every array: a dynamic cache file of our format with a count made negative past
+    its intact header is refused, not merged into the file written back at the end of the run."""
+    from mlx_backend.ngram.dynamic_cache import load_dynamic
+
+    path = tmp_path / "dyn.ngc"
+    c = api.build_static([1, 2, 3, 1, 2, 4])
+    api.save_cache(c, path, format="ours")
+    assert load_dynamic(path, api) == c
+    data = bytearray(path.read_bytes())
+    counts_at = struct.unpack_from("<8Q", data, sf.PREFIX.size + 1 * sf.SECTION.size)[6]  # n=2's counts
+    data[counts_at:counts_at + 4] = struct.pack("<i", -4)
+    path.write_bytes(bytes(data))
+    with pytest.raises(sf.CacheFormatError, match="non-positive count"):
+        load_dynamic(path, api)
+
+
+def test_reference_refuses_a_section_total_that_disagrees_with_the_counts(ours_file):
+    """The section table's ``total`` is the sum of the section's counts (docs/cache-format.md): a file whose
+    total says otherwise (checksum recomputed) is refused by the reference reader, which reads every field."""
+    data = bytearray(ours_file.read_bytes())
+    at = sf.PREFIX.size + 1 * sf.SECTION.size  # n = 2: (1, 2) -> {3: 1, 4: 2}, total 3
+    fields = list(struct.unpack_from("<8Q", data, at))
+    assert fields[2] == 1 + 2
+    fields[2] += 1
+    data[at:at + sf.SECTION.size] = struct.pack("<8Q", *fields)
+    data[sf.CRC_AT:sf.CRC_AT + 4] = struct.pack("<I", zlib.crc32(bytes(data[:sf.CRC_AT])))
+    ours_file.write_bytes(bytes(data))
+    with pytest.raises(CacheFileError, match="section n=2: offsets or total disagree"):
+        ref.load_cache(ours_file)
+
+
+def test_a_repeated_key_is_refused(tmp_path, load):
+    """Keys are strictly increasing (docs/cache-format.md): the same 2-gram twice, each with its own follower,
+    is a corrupt file, not two n-grams. Written by hand through the writer, which copies arrays as given."""
+    from mlx_backend.ngram.sorted_cache import Section, SortedCache, static_top
+
+    offsets, tokens, counts = np.array([0, 1, 2], np.uint32), np.array([5, 6], np.int32), np.ones(2, np.int32)
+    keys = np.array([1 << 32 | 2, 1 << 32 | 2], np.int64)
+    path = tmp_path / "c.ngc"
+    sf.save_ours(SortedCache({2: Section(2, keys, offsets, tokens, counts, static_top(offsets, tokens, counts))}),
+                 path)
+    with pytest.raises(CacheFileError, match="(?i)(not strictly increasing|invalid or out of order)"):
+        load(path)
+
+
+def test_converted_copy_sees_a_change_in_the_files_last_mib(tmp_path, monkeypatch):
+    """A file's identity hashes its first and its last MiB: a rewrite that changes only the end of a file of
+    over 2 MiB, keeping its size and modification time, is read again (the copy of the old content is not)."""
+    import os
+
+    from mlx_backend.ngram.converted_copy import PART
+
+    monkeypatch.setenv("NGRAM_SPEC_CACHE_DIR", str(tmp_path / "user"))
+    path = tmp_path / "static.bin"
+    s = np.arange(3 * PART // 28 + 10, dtype=np.int32)  # distinct 2-grams: one 28-byte record each
+    api.save_cache(api.build_static(s), path)
+    size, stat = path.stat().st_size, path.stat()
+    assert size > 2 * PART
+    first = api.load_cache(path)
+    data = bytearray(path.read_bytes())
+    assert struct.unpack_from("<i", data, size - 4)[0] == 1  # the last record's count
+    data[size - 4:size] = struct.pack("<i", 2)
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    second = api.load_cache(path)
+    assert (first.converted_copy[1], second.converted_copy[1]) == ("written", "written")
+    n = len(s)
+    assert second.total() == first.total() + 1
+    assert second.entries()[-1] == (2, n - 3, n - 2, -1, -1, n - 1, 2)  # the last 2-gram's count, now 2
+
+
+def test_tokenizer_mismatch_names_the_header_field(tmp_path):
+    """The error's byte offset is the header field that disagrees: the vocabulary size at 24, the
+    fingerprint at 32 (docs/cache-format.md, the header table)."""
+    c = api.build_static([1, 2, 3, 1, 2, 4])
+    c.vocab_size, c.fingerprint = 10, sf.vocab_fingerprint({"a": 0})
+    api.save_cache(c, tmp_path / "c.ngc", format="ours")
+    assert sf.PREFIX.unpack_from((tmp_path / "c.ngc").read_bytes())[4:] == (10, c.fingerprint)
+    with pytest.raises(sf.CacheFormatError) as vocab:
+        api.load_cache(tmp_path / "c.ngc", vocab_size=11)
+    with pytest.raises(sf.CacheFormatError) as fingerprint:
+        api.load_cache(tmp_path / "c.ngc", fingerprint=sf.vocab_fingerprint({"b": 0}))
+    assert (vocab.value.offset, fingerprint.value.offset) == (24, 32)
+    assert struct.calcsize("<8sIIQ") == 24 and struct.calcsize("<8sIIQQ") == 32
+
+
+def test_an_array_offset_inside_the_header_is_refused(ours_file, load):
+    """An array offset must lie past the 384-byte header: one pointing at byte 320 (aligned, so only that
+    rule catches it; checksum recomputed) would read the header as counts."""
+    data = bytearray(ours_file.read_bytes())
+    at = sf.PREFIX.size  # n = 1: (1,) -> {2: 3}
+    fields = list(struct.unpack_from("<8Q", data, at))
+    fields[6] = 5 * sf.ALIGN  # its counts at byte 320, inside the header
+    assert fields[6] < sf.HEADER_SIZE and fields[6] % sf.ALIGN == 0
+    data[at:at + sf.SECTION.size] = struct.pack("<8Q", *fields)
+    data[sf.CRC_AT:sf.CRC_AT + 4] = struct.pack("<I", zlib.crc32(bytes(data[:sf.CRC_AT])))
+    ours_file.write_bytes(bytes(data))
+    with pytest.raises(CacheFileError, match="misaligned array offset 320"):
+        load(ours_file)
+
+
+def test_a_stored_static_draft_where_the_rule_drafts_nothing_is_refused(tmp_path, load):
+    """``top`` is the static-only draft or -1: (1, 2) -> {3: 1} has F = 1 < 2, so its ``top`` must be -1; a
+    file storing 3 there (as if it drafted) is refused by both readers. Stored -1, it loads."""
+    from mlx_backend.ngram.sorted_cache import Section, SortedCache
+
+    path = tmp_path / "c.ngc"
+    for top, ok in ((3, False), (-1, True)):
+        section = Section(2, np.array([1 << 32 | 2], np.int64), np.array([0, 1], np.uint32), np.array([3], np.int32),
+                          np.array([1], np.int32), np.array([top], np.int32))
+        sf.save_ours(SortedCache({2: section}), path)
+        if ok:
+            assert load(path).entries() == [(2, 1, 2, -1, -1, 3, 1)]
+        else:
+            with pytest.raises(CacheFileError, match="static"):
+                load(path)

@@ -216,3 +216,39 @@ def ref_drafts(tokens, n_draft):
     r = ref.NgramDrafter()
     r.reset(tokens)
     return r.draft(n_draft)
+
+
+@pytest.mark.parametrize("top", [2**21 - 1, 2**21, 2**21 + 1])
+def test_build_static_at_the_packing_bound_counts_every_triple(top):
+    """Ids below ``2**21`` are packed 21 bits each; one equal to ``2**21`` needs 22 bits, so it must take the
+    row-sorting path. Expected counts: a plain dictionary of (t[i-2], t[i-1], t[i]) triples."""
+    s = np.array([top, 5, top, 5, 7, top, 5, top, 0, top], np.int32)
+    counts = {}
+    for i in range(2, len(s)):
+        key = (int(s[i - 2]), int(s[i - 1]), int(s[i]))
+        counts[key] = counts.get(key, 0) + 1
+    want = sorted((2, a, b, -1, -1, y, c) for (a, b, y), c in counts.items())
+    assert api.build_static(s).entries() == want
+
+
+@pytest.mark.parametrize("backend", [api, ref], ids=["mlx", "reference"])
+def test_replay_progress_ends_at_the_tokens_replayed(backend):
+    """``progress(done, total)`` after each chunk: 10 tokens in chunks of 4 replay 2 chunks (starts 0 and 4:
+    ``i_start + n_ctx < N``), so 8 tokens, not the 10 of the input."""
+    calls = []
+    backend.replay(list(range(10)), n_ctx=4, n_draft=2, progress=lambda done, total: calls.append((done, total)))
+    assert calls == [(4, 8), (8, 8)]
+
+
+@pytest.mark.parametrize("backend", [api, ref], ids=["mlx", "reference"])
+def test_a_score_tie_among_static_followers_goes_to_the_smallest_id(backend):
+    """Hand-made tie between two followers that both follow the static 2-gram: c_dyn((9,)) = {1: 6, 2: 1,
+    3: 1}, c_st((7, 9)) = {1: 1, 2: 6}: s(1) = 6 * 100 = s(2) = 1 * 600. Ties go to the smallest id, 1,
+    which passes the strict 1-gram share (100 * 6 >= 75 * 8), so 1 is drafted. (Token 2 would fail it
+    and fall back to the static cache, which drafts its most frequent follower, 2.) The key has more
+    followers than the 2-gram (3 > 2): the fast kernel walks the static followers."""
+    c_dyn = NgramCache({(9,): {1: 6, 2: 1, 3: 1}})
+    c_st = NgramCache({(7, 9): {1: 1, 2: 6}})
+    d = backend.NgramDrafter(c_st=c_st, c_dyn=c_dyn)
+    d.reset([7, 9])  # c_ctx: (7,) -> 9 only, nothing ends in 9
+    assert d.draft(1) == [1]

@@ -201,3 +201,30 @@ def test_precompile_compiles_every_suffix_kernel(tmp_path):
     assert any(name.startswith("index.draft") for name in before)
     subprocess.run([sys.executable, "-c", USE_AFTER_PRECOMPILE], env=env, cwd=ROOT, check=True, timeout=600)
     assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == before
+
+
+def test_the_history_bound_is_inclusive():
+    """``max_tokens`` may be anything from 0 to ``MAX_HISTORY_TOKENS`` (both allowed); one more is refused."""
+    from mlx_backend.suffix.drafter import MAX_HISTORY_TOKENS
+
+    assert MAX_HISTORY_TOKENS == (1 << 32) // 8
+    assert SuffixHistory(MAX_HISTORY_TOKENS).max_tokens == MAX_HISTORY_TOKENS
+    assert SuffixHistory(0).max_tokens == 0
+    with pytest.raises(ValueError, match="max_tokens"):
+        SuffixHistory(MAX_HISTORY_TOKENS + 1)
+
+
+def test_a_sequence_may_fill_every_position(monkeypatch):
+    """Positions are stored in 32 bits: a sequence of exactly ``MAX_POSITIONS`` tokens fits, one more does
+    not (the bound made small here to test it)."""
+    import mlx_backend.suffix.drafter as fast
+
+    monkeypatch.setattr(fast, "MAX_POSITIONS", 8)
+    d = SuffixDrafter()
+    d.reset([1, 2, 3, 1, 2, 3, 1])
+    d.extend([2])  # 8 tokens: every position used
+    assert d.tokens.tolist() == [1, 2, 3, 1, 2, 3, 1, 2]
+    with pytest.raises(ValueError, match="at most 8 tokens"):
+        d.extend([3])
+    with pytest.raises(ValueError, match="at most 8 tokens"):
+        SuffixDrafter().reset(list(range(9)))
