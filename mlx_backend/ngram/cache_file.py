@@ -89,7 +89,8 @@ def save_ours(cache: SortedCache, path: str | os.PathLike) -> None:
 
 
 def open_ours(path: str | os.PathLike, verify: bool = False) -> SortedCache:
-    """Map a file of our format; only the header is read (``verify=True`` also checks every array)."""
+    """Map a file of our format; only the header is read (``verify=True`` also checks every array and each
+    section's ``total``)."""
     size = os.path.getsize(path)
     if size < HEADER_SIZE:
         raise CacheFormatError(path, size, f"truncated header: {size} bytes, the header needs {HEADER_SIZE}")
@@ -108,11 +109,12 @@ def open_ours(path: str | os.PathLike, verify: bool = False) -> SortedCache:
     (crc,) = struct.unpack_from("<I", head, CRC_AT)
     if crc != zlib.crc32(head[:CRC_AT]) or header_size != HEADER_SIZE:
         raise CacheFormatError(path, CRC_AT, "header checksum mismatch (corrupt header)")
-    sections = {}
+    sections, totals = {}, {}
     end = HEADER_SIZE
     for n in range(1, NGRAM_MAX + 1):
         at = PREFIX.size + (n - 1) * SECTION.size
         K, E, total, k_off, o_off, t_off, c_off, top_off = SECTION.unpack_from(head, at)
+        totals[n] = (total, at)
         kw = 1 if n <= 2 else 2
         spans = ((k_off, K * kw, np.int64), (o_off, K + 1, np.uint32), (t_off, E, np.int32),
                  (c_off, E, np.int32), (top_off, K, np.int32))
@@ -135,6 +137,11 @@ def open_ours(path: str | os.PathLike, verify: bool = False) -> SortedCache:
     cache = SortedCache(sections, vocab_size=vocab_size, fingerprint=fingerprint, source=str(path))
     if verify:
         verify_cache(cache, path)
+        for n, (total, at) in totals.items():   # the section table's total: the sum of the section's counts
+            counted = int(sections[n].counts.sum(dtype=np.int64)) if n in sections else 0
+            if total != counted:
+                raise CacheFormatError(path, at, f"section n={n}: total {total} is not the sum of its counts "
+                                                 f"({counted})")
     return cache
 
 
