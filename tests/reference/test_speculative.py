@@ -245,3 +245,19 @@ def test_arguments_that_are_not_token_ids_or_counts_are_refused_not_truncated(ge
     with pytest.raises(ValueError, match=r"eos must be a collection of token ids, e.g. eos=\[256\]"):
         run(eos=256)
     assert run(prompt=np.array([7, 8]), max_tokens=np.int64(3), eos=np.array([], int)) == run()   # NumPy ints are fine
+
+
+@pytest.mark.parametrize("bad", [VOCAB_SIZE, -1])
+def test_the_first_id_outside_the_vocabulary_is_cut_at_the_boundary(bad):
+    """The ids a model of V tokens takes are 0..V-1: a draft of exactly V (or -1) is cut with everything
+    after it, never run; the drafts before it are verified and accepted."""
+    model = tiny("llama", 0)
+    greedy = greedy_generate(model, [1, 2], 9)
+
+    class Foreign(ForcedDrafter):
+        def draft(self, n_draft):
+            return (super().draft(n_draft)[:2] + [bad, 3])[:n_draft]
+
+    tokens, stats = speculative_generate(model, [1, 2], 9, Foreign(greedy, [(99, 0)]), 4)
+    assert tokens == greedy and stats.n_drafted == stats.n_accept > 0
+    assert stats.n_drafted <= 2 * (stats.steps - 1)   # at most the 2 good drafts of each step after the first

@@ -341,3 +341,60 @@ def run_schedule_checked(dec, schedule, removed):
             out[uid] += tokens
         step += 1
     return uids, out
+
+
+def test_an_eos_inside_an_accepted_run_ends_the_row_there():
+    """A drafter that knows the answer: a row's second step accepts six drafts at once, and the EOS is the
+    one of the first ones; the row ends at that EOS ("stop"), the accepted tokens after it dropped, exactly as plain
+    greedy decoding stops there. A second row shares the forward and the EOS rule."""
+    arch, n = "qwen3_5", 20
+    truth = plain_greedy(arch, tuple(PROMPTS[0]), n)[0]
+    j = next(j for j in range(2, 7) if truth[j] not in truth[:j])   # a new token among step 2's drafts
+    eos = truth[j]
+    dec = BatchSpeculativeDecoder(model_of(arch), eos_token_ids=[eos])
+    other = plain_greedy(arch, tuple(PROMPTS[2]), n)[0]
+    schedule = {0: [(PROMPTS[0], dict(max_tokens=n, drafter=OracleDrafter(truth, every=10 ** 9), draft_max=6)),
+                    (PROMPTS[2], dict(max_tokens=n, drafter=OracleDrafter(other, every=10 ** 9), draft_max=6))]}
+    uids, out = run_schedule(dec, schedule)
+    assert out[uids[0]] == truth[:j + 1] and dec.finished[uids[0]] == "stop"
+    want = other[:other.index(eos) + 1] if eos in other else other
+    assert out[uids[1]] == want and dec.finished[uids[1]] == ("stop" if eos in other else "length")
+
+
+def test_each_rows_counts_are_the_drafts_its_forwards_verified(monkeypatch):
+    """A row's ``n_drafted`` is the drafts its verify forwards held (not the proposals: the token budget cuts
+    them to the step's width) and its ``n_accept`` the tokens it emitted beyond one per forward; the
+    decoder's totals are the rows' sums. Both are read here off the forwards themselves (a spy on the
+    verifiers' ``forward``: the row order and the real lengths)."""
+    from mlx_backend.batch import generate as batch_generate
+
+    dec = BatchSpeculativeDecoder(model_of("qwen3_5"), max_batch_tokens=7)
+    verified, forwards = {}, {}
+
+    def spying(cls):
+        original = cls.forward
+
+        def forward(self, tokens, lengths):
+            for r, n in zip(dec.rows, lengths):
+                verified[r.uid] = verified.get(r.uid, 0) + int(n) - 1
+                forwards[r.uid] = forwards.get(r.uid, 0) + 1
+            return original(self, tokens, lengths)
+        monkeypatch.setattr(cls, "forward", forward)
+
+    spying(batch_generate.BatchVerifyCache)
+    spying(batch_generate._LoneRow)
+    specs = [(PROMPTS[0], 24), (PROMPTS[2], 24), (PROMPTS[3], 12)]
+    rows = []
+    for prompt, n in specs:
+        dec.add(prompt, max_tokens=n, drafter="suffix", draft_max=8)
+        rows.append(dec.rows[-1])
+    out = {r.uid: [] for r in rows}
+    while dec.rows:
+        for uid, tokens in dec.step().items():
+            out[uid] += tokens
+    assert dec.n_plain == 0 and sum(verified.values()) > 0
+    for r, (prompt, n) in zip(rows, specs):
+        assert len(out[r.uid]) == n
+        assert r.n_drafted == verified[r.uid], r.uid
+        assert r.n_accept == n - forwards[r.uid], r.uid
+    assert dec.n_drafted == sum(verified.values()) and dec.n_accept == sum(r.n_accept for r in rows)

@@ -258,3 +258,67 @@ def test_a_batch_and_a_solo_verify_on_one_model_keep_their_own_records(arch):
         assert mx.allclose(one[b, 0], fresh_last_logits(model, kept[b]), atol=ATOL_FRESH, rtol=0).item(), b
     fresh = fresh_last_logits(model, solo_prompt[:-1] + solo_row[:4] + [32])
     assert mx.allclose(solo_one[0], fresh, atol=ATOL_FRESH, rtol=0).item()
+
+
+def test_a_verify_forward_reads_a_ring_that_plain_steps_wrapped():
+    """mlx-lm's own one-token steps of the batch (the decoder's pipelined plain steps) wrap a sliding-window
+    ring (gemma3_text's window is 8; the ring is then ``rotated``, its write index mid-buffer); a verify
+    forward must read the ring in temporal order: every real position's logits, and the next token's after
+    keep(m), equal a fresh forward over the row's whole history."""
+    from mlx_lm.models.cache import BatchRotatingKVCache
+
+    model, _ = models("gemma3_text")
+    prompts = [[1, 2, 3, 4, 5], [6, 7, 8]]
+    cache = batch_of(model, prompts)
+    bvc = BatchVerifyCache(model, cache)
+    history = [list(p) for p in prompts]                    # row b's tokens; the last one not yet fed
+    try:
+        for step in range(11):                              # plain steps: 11 tokens per row, the ring wraps
+            bvc.check_state()
+            model(mx.array([[h[-1]] for h in history], mx.uint32), cache=cache)
+            for b, h in enumerate(history):
+                h.append((7 * step + 13 * b + 5) % V)
+        rings = [c for c in cache if isinstance(c, BatchRotatingKVCache)]
+        assert rings and all(c.rotated and 0 < c._idx < c.max_size for c in rings)
+        rows = [[history[0][-1], 40, 41, 42], [history[1][-1], 43, 0, 0]]
+        lengths, m = [4, 2], [3, 1]
+        logits = bvc.forward(rows, lengths)
+        bvc.keep(m)
+        for b in range(2):
+            for i in range(lengths[b]):
+                want = fresh_last_logits(model, history[b][:-1] + rows[b][:i + 1])
+                assert mx.allclose(logits[b, i], want, atol=ATOL_FRESH, rtol=0).item(), (b, i)
+        nxt = [50, 51]
+        one = bvc.forward([[t] for t in nxt], [1, 1])
+        bvc.keep([1, 1])
+        for b in range(2):
+            want = fresh_last_logits(model, history[b][:-1] + rows[b][:m[b]] + [nxt[b]])
+            assert mx.allclose(one[b, 0], want, atol=ATOL_FRESH, rtol=0).item(), b
+    finally:
+        bvc.close()
+
+
+def test_filter_of_rows_ended_apart_that_share_left_padding():
+    """The row without left padding leaves (``filter``) while the rows ended apart by a keep stay: mlx-lm's
+    filter shifts every remaining row left by the padding they share, so their end columns must move with
+    them; each row's next token then still sees exactly its own history (a fresh forward over it)."""
+    model, _ = models("llama")
+    prompts = [list(range(1, 11)), [11, 12, 13], [14, 15, 16, 17]]   # cached 9, 2, 3: rows 1, 2 padded by 7, 6
+    cache = batch_of(model, prompts)
+    bvc = BatchVerifyCache(model, cache)
+    try:
+        rows = [[10, 20, 21, 22], [13, 23, 24, 25], [17, 26, 27, 0]]
+        bvc.forward(rows, [4, 4, 3])
+        bvc.keep([4, 1, 3])
+        kept = [p[:-1] + r[:k] for p, r, k in zip(prompts, rows, [4, 1, 3])]
+        for c in cache:
+            c.filter(mx.array([1, 2]))
+        assert min(cache[0].left_padding.tolist()) == 0   # the shared padding was shifted out
+        nxt = [30, 31]
+        one = bvc.forward([[t] for t in nxt], [1, 1])
+        bvc.keep([1, 1])
+        for j, b in enumerate([1, 2]):
+            want = fresh_last_logits(model, kept[b] + [nxt[j]])
+            assert mx.allclose(one[j, 0], want, atol=ATOL_FRESH, rtol=0).item(), b
+    finally:
+        bvc.close()

@@ -125,3 +125,50 @@ def test_the_burst_rule_holds_while_nobody_waits():
     drive(gen, [])
     assert gen.decoder.burst()
     gen.close()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3_5"])
+def test_a_prompt_cache_holding_the_whole_prompt(arch):
+    """mlx-lm's LRU can hand over a cache that already holds the whole prompt (no segment left to feed): a
+    trimmable cache gives its last token back, an untrimmable one (GatedDeltaNet) is prefilled afresh. Either
+    way the row decodes plain greedy, and its finishing cache holds exactly the ``all_tokens`` it names: the
+    prompt and every token emitted but the last."""
+    model, k = model_of(arch), 10
+    prompt = PROMPTS[2]
+    cache = make_prompt_cache(model)
+    model(mx.array(prompt)[None], cache=cache)
+    mx.eval([c.state for c in cache])
+    reports = []
+    gen = SpeculativeBatchGenerator(model, plan=planned(reports, OracleDrafter(plain_greedy(arch, tuple(prompt), k)[0]), 4))
+    (uid,) = gen.insert_segments([[]], max_tokens=[k], caches=[cache], all_tokens=[prompt])
+    out, _, _ = drive(gen, reports)
+    tokens = [r.token for r in out[uid]]
+    assert_greedy_equal(arch, prompt, k, tokens)
+    last = out[uid][-1]
+    held = next(c.offset for c in last.prompt_cache if hasattr(c, "offset"))
+    assert last.all_tokens == prompt + tokens[:-1] and held == len(last.all_tokens)
+
+
+def test_a_rows_report_counts_its_own_drafts_as_the_solo_path_does():
+    """A fixed draft length verifies every proposal where it is made, in a batch as alone: the report of a
+    row (drafts verified, drafts accepted) equals the solo speculative run's counts with the same drafter
+    (planted errors, so some drafts are rejected) and draft length, while another row shares the forwards."""
+    from mlx_backend.decode.generate import SpecStats, ngram_speculative_generate_step
+
+    arch, k = "qwen3_5", 20
+    model = model_of(arch)
+    truth = plain_greedy(arch, tuple(PROMPTS[0]), k)[0]
+    solo = SpecStats()
+    for _ in ngram_speculative_generate_step(mx.array(PROMPTS[0]), model, max_tokens=k, draft_max=5,
+                                             drafter=OracleDrafter(truth, every=2), stats=solo):
+        pass
+    assert 0 < solo.n_accept < solo.n_drafted
+    reports = []
+    plans = iter([RowPlan(OracleDrafter(truth, every=2), 5, reports.append), RowPlan(None, 0, reports.append)])
+    gen = SpeculativeBatchGenerator(model, plan=lambda cached, prompt: next(plans))
+    uids = gen.insert([PROMPTS[0], PROMPTS[3]], max_tokens=[k, k])
+    drive(gen, reports)
+    report = next(r for r in reports if r.uid == uids[0])
+    assert (report.n_drafted, report.n_accept) == (solo.n_drafted, solo.n_accept)
+    plain = next(r for r in reports if r.uid == uids[1])
+    assert (plain.n_drafted, plain.n_accept) == (0, 0)

@@ -301,3 +301,55 @@ def test_main_job_doc_examples_run(capsys):
     for block in blocks:
         exec(compile(block, "docs/main-job.md", "exec"), namespace)
     assert "tokens in" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("which", [1, 2])
+def test_a_divergence_in_either_timed_speculative_run_is_reported(monkeypatch, which):
+    """``identical`` covers both timed speculative runs of a prompt: scripted runs (no model) where only the
+    first, or only the second, speculative run parts from plain greedy at token 2, where plain's top-2
+    log-probability gap is 0.5 (no near-tie), give ``identical`` false and that divergence."""
+    import mlx.core as mx
+
+    class Tokenizer:
+        eos_token_ids = [99]
+        has_chat_template = False
+
+        def encode(self, text):
+            return [1, 2, 3]
+
+        def decode(self, tokens):
+            return " ".join(map(str, tokens))
+
+    plain = [5, 6, 7, 8]
+    rows = [mx.array([-0.1, -3.0, -4.0]), mx.array([-0.2, -2.0, -5.0]), mx.array([-0.1, -0.6, -5.0]),
+            mx.array([-0.3, -1.5, -2.0])]
+    spec_calls = []
+
+    def scripted(model, prompt, max_tokens, eos, *, spec, draft_max, drafter, stats, desc, draft_policy=None):
+        if not spec:
+            return list(plain), 1.0, list(rows)
+        spec_calls.append(desc)
+        timed = len(spec_calls) - 1           # the first speculative run is the warm-up
+        return ([5, 6, 9, 8] if timed == which else list(plain)), 0.5, []
+
+    monkeypatch.setattr(mlx_cli, "_generate", scripted)
+    prompts = (mlx_cli.DemoPrompt("p", "free writing", "x"),)
+    (r,) = mlx_cli.demo_records(None, Tokenizer(), prompts, max_tokens=4, draft_max=4, log=lambda msg: None)
+    assert len(spec_calls) == 3
+    assert r["identical"] is False
+    assert r["divergence"]["index"] == 2 and not r["divergence"]["near_tie"]
+    assert r["divergence"]["top2_gap"] == pytest.approx(0.5)
+
+
+def test_divergence_by_hand():
+    """Where two outputs first differ and plain's top-2 log-probability gap there (the larger minus the
+    second), a near-tie only below NEAR_TIE; an output that stops early differs where it ends."""
+    import mlx.core as mx
+
+    rows = [mx.array([-0.1, -3.0, -4.0]), mx.array([-2.0, -0.25, -0.75]), mx.array([-0.6, -0.6002, -5.0])]
+    assert mlx_cli._divergence([5, 6, 7], [5, 6, 7], rows) is None
+    d = mlx_cli._divergence([5, 6, 7], [5, 9, 7], rows)
+    assert (d["index"], d["near_tie"]) == (1, False) and d["top2_gap"] == pytest.approx(0.5)
+    d = mlx_cli._divergence([5, 6, 7], [5, 6, 8], rows)
+    assert (d["index"], d["near_tie"]) == (2, True) and d["top2_gap"] == pytest.approx(2e-4, abs=1e-6)
+    assert mlx_cli._divergence([5, 6, 7], [5, 6, 7, 8], rows) == {"index": 3, "top2_gap": None, "near_tie": False}

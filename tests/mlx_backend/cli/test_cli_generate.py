@@ -302,3 +302,27 @@ def test_help_names_the_default_backend_and_one_draft_length_flag(monkeypatch, c
         with pytest.raises(SystemExit):
             parser.parse_args(["generate", "--help"])
         assert f"Default here: {expected}" in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("backend", ["reference", "mlx"])
+def test_plain_decoding_stopped_by_an_eos_is_one_token_per_forward(models, tmp_path, capsys, backend):
+    """--no-spec stopped by an EOS: every generated token, the EOS included, took one step, so the record says
+    1.0 tokens per forward and one step more than the text's tokens (the EOS is not part of them)."""
+    write_tokens(tmp_path / "p.i32", REPETITIVE)
+    common = ["--model", str(models["qwen3_5"]), "--prompt-tokens", str(tmp_path / "p.i32"), "--max-tokens", "26"]
+    plain = run_json(capsys, "--backend", "reference", *common, "--no-spec")["tokens"]
+    stop = next(i for i in range(2, 20) if plain[i] not in plain[:i])
+    r = run_json(capsys, "--backend", backend, *common, "--no-spec", "--extra-eos-token", str(plain[stop]))
+    assert r["finish_reason"] == "stop" and r["tokens"] == plain[:stop]
+    assert r["steps"] == stop + 1 and r["tokens_per_forward"] == 1.0
+
+
+def test_a_one_token_prompt_has_no_prefill_forward(models, tmp_path, capsys):
+    """A one-token prompt leaves nothing to prefill (mlx-lm's generate_step feeds its only token with the
+    first step): plain decoding of 9 tokens is 9 forwards on both backends; a 5-token prompt adds one."""
+    for prompt, n_forward in (([7], 9), ([7, 3, 9, 1, 4], 10)):
+        write_tokens(tmp_path / "p.i32", prompt)
+        ref, mlx = both(capsys, "--model", str(models["llama"]), "--prompt-tokens", str(tmp_path / "p.i32"),
+                        "--max-tokens", "9", "--no-spec")
+        assert_same_run(ref, mlx)
+        assert (mlx["steps"], mlx["n_forward"]) == (9, n_forward)

@@ -264,3 +264,13 @@ def test_draft_lengths_count_the_emitted_steps(draft_max, stop_after):
     assert sum(k * c for k, c in stats.draft_lengths.items()) == stats.n_drafted
     if draft_max == 0:
         assert drafter.asked == [] and stats.steps == len(spec) and stats.draft_lengths == {0: len(spec)}
+
+
+def test_spec_stats_rates_by_hand():
+    """``accept`` is accepted / verified drafts in percent (llama.cpp's), not per proposed draft (the cost-aware
+    policy verifies only part of a proposal); ``tokens_per_forward`` is tokens per decode step."""
+    stats = SpecStats(steps=4, n_forward=5, n_tokens=10, n_drafted=8, n_accept=6, n_proposed=20)
+    assert stats.accept == 75.0 and stats.tokens_per_forward == 2.5
+    d = stats.as_dict()
+    assert (d["accept"], d["tokens_per_forward"], d["n_proposed"]) == (75.0, 2.5, 20)
+    assert SpecStats(n_proposed=3).accept == 0.0 and SpecStats().tokens_per_forward == 0.0

@@ -264,3 +264,35 @@ def test_stream_generate_takes_mlx_lm_s_keywords(tiny_loaded):
                       (dict(num_draft_tokens=2, draft_max=3), "num_draft_tokens")]:
         with pytest.raises(ValueError, match=word):
             next(stream_generate(model, tokenizer, prompt, max_tokens=4, **bad))
+
+
+def test_counts_are_the_drafts_verified_when_the_policy_verifies_fewer_than_proposed(monkeypatch):
+    """Verify costs that jump after S = 3 make the cost-aware policy verify only part of each 5-token
+    proposal: ``n_drafted`` and ``draft_lengths`` count the drafts the verify forwards held (read off the
+    forwards by a spy), not the proposals, and the policy learns each forward's cost under its real size."""
+    from mlx_backend.decode.rollback import VerifyCache
+
+    sizes, timed = [], []
+    original = VerifyCache.forward
+
+    def forward(self, tokens, record=None):
+        sizes.append(len(tokens))
+        return original(self, tokens, record)
+
+    monkeypatch.setattr(VerifyCache, "forward", forward)
+    model = model_of("llama")
+    prompt = [3, 1, 4, 1, 5]
+    plain, plain_lp = plain_greedy(model, prompt, 24)
+    schedule = {p + d: (5, None) for p in (2, 9, 16) for d in (0, 1)}   # leave plain mode at 3, 10, 17
+    policy = DraftPolicy([1.0, 1.0, 1.0, 9.0, 9.0, 9.0], alpha=0.0, prior=0.9)
+    observe_cost = policy.observe_cost
+    policy.observe_cost = lambda S, seconds: (timed.append(S), observe_cost(S, seconds))
+    stats = SpecStats()
+    spec = spec_run(model, prompt, 24, PositionalDrafter(plain, schedule), stats, draft_max=None,
+                    draft_policy=policy)
+    assert assert_greedy_equal(plain, plain_lp, spec) is None
+    verified = [S - 1 for S in sizes]
+    assert verified and max(verified) < 5 and stats.n_proposed > stats.n_drafted   # proposals were cut
+    assert stats.n_drafted == sum(verified)
+    assert {k: n for k, n in stats.draft_lengths.items() if k} == {k: verified.count(k) for k in set(verified)}
+    assert sorted(S for S in timed if S) == sorted(sizes)

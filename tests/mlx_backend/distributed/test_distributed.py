@@ -420,3 +420,39 @@ def test_cli_ranks_with_different_models_get_one_line(tmp_path):
     errors = refused_lines(proc)
     assert errors == ["ngram-spec generate: error: rank 1 disagrees with rank 0 on the model (--model): give every "
                       "rank the same model, at the same path or a copy"], proc.stderr
+
+
+def test_the_ranks_digest_covers_every_proposal_not_only_the_emitted_tokens():
+    """The end-of-run divergence check compares one digest per rank. Emitted tokens are rank 0's on every rank,
+    so a rank whose drafter proposes other tokens (and so runs forwards of other lengths) shows only in its
+    proposals: two ranks that saw the same prompt and tokens but proposed differently must hash differently,
+    and ranks that did the same must hash the same. The proposals pass through unchanged."""
+    import hashlib
+
+    class Scripted:
+        def __init__(self, proposals):
+            self.proposals = list(proposals)
+
+        def reset(self, prompt):
+            pass
+
+        def extend(self, tokens):
+            pass
+
+        def draft(self, n):
+            return self.proposals.pop(0)[:n]
+
+    def digest(proposals):
+        h = hashlib.blake2b(digest_size=8)
+        drafter = distributed._HashingDrafter(Scripted(proposals), h)
+        drafter.reset([5, 6, 7])
+        seen = []
+        for _ in proposals:
+            seen.append(drafter.draft(3))
+            drafter.extend([1, 2])
+        return h.digest(), seen
+
+    same, seen = digest([[1, 2, 3], [4]])
+    assert seen == [[1, 2, 3], [4]]
+    assert digest([[1, 2, 3], [4]])[0] == same
+    assert digest([[1, 2, 9], [4]])[0] != same and digest([[1, 2, 3], []])[0] != same

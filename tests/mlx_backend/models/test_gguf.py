@@ -262,3 +262,23 @@ def test_smollm2_knows_the_capital_of_france(smollm2_quantized):
         out.append(int(y[0, -1].argmax()))
         y = model(mx.array([[out[-1]]]), cache=cache)
     assert "Paris" in tok.decode(out)
+
+
+def test_linear_rope_scaling_is_mapped(tmp_path):
+    """``llama.rope.scaling.type = linear`` with its factor (llama.cpp's keys) gives mlx-lm's linear rope
+    scaling: the same logits as the mlx-lm model built with ``rope_scaling={"type": "linear", "factor": 4}``
+    (positions divided by 4; the unscaled model differs)."""
+    model = tiny_llama()
+    scaled_args = llama.ModelArgs(**{**model.args.__dict__, "rope_scaling": {"type": "linear", "factor": 4.0}})
+    scaled = llama.Model(scaled_args)
+    scaled.update(model.parameters())
+    mx.eval(scaled.parameters())
+    path = tmp_path / "tiny.gguf"
+    write_llama_cpp_gguf(model, path)
+    tensors, metadata = mx.load(str(path), return_metadata=True)
+    metadata = {**metadata, "llama.rope.scaling.type": "linear",
+                "llama.rope.scaling.factor": mx.array(4.0, dtype=mx.float32)}
+    mx.save_gguf(str(path), tensors, metadata)
+    loaded = gguf.load_gguf_model(path, dtype="float32")
+    np.testing.assert_allclose(logits(loaded, TOKENS), logits(scaled, TOKENS), rtol=1e-5, atol=1e-5)
+    assert np.abs(logits(scaled, TOKENS) - logits(model, TOKENS)).max() > 1e-3

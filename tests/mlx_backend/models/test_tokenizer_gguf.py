@@ -129,3 +129,35 @@ def test_unsupported_tokenizer_model_is_named(metadata):
         tokenizer_from_metadata({**metadata, "tokenizer.ggml.model": "llama"})
     with pytest.raises(gguf.GGUFError, match="unsupported GGUF pre-tokenizer 'qwen2'"):
         tokenizer_from_metadata({**metadata, "tokenizer.ggml.pre": "qwen2"})
+
+
+def test_an_end_of_turn_token_also_ends_generation(metadata):
+    """``tokenizer.ggml.eot_token_id`` (llama.cpp's end of turn) stops generation as the EOS does: both are
+    among the wrapper's ``eos_token_ids`` (SmolLM2's file has none; here <|endoftext|>, id 0, is named)."""
+    import mlx.core as mx
+
+    tok = tokenizer_from_metadata({**metadata, "tokenizer.ggml.eot_token_id": mx.array(0, dtype=mx.uint32)})
+    assert set(tok.eos_token_ids) == {0, 2}
+
+
+def test_add_bos_token_prepends_the_bos(metadata):
+    """With ``tokenizer.ggml.add_bos_token`` true (SmolLM2's file says false) ``encode`` starts with the BOS
+    token (id 1, <|im_start|>) and only with ``add_special_tokens``."""
+    import mlx.core as mx
+
+    tok = tokenizer_from_metadata({**metadata, "tokenizer.ggml.add_bos_token": mx.array(True)})
+    assert tok.convert_ids_to_tokens(tok.encode("Hello world")) == ["<|im_start|>", "Hello", "Ġworld"]
+    assert tok.convert_ids_to_tokens(tok.encode("Hello world", add_special_tokens=False)) == ["Hello", "Ġworld"]
+
+
+def test_a_user_defined_token_is_one_piece_and_stays_in_the_text(metadata):
+    """A user-defined token (``token_type`` 4; SmolLM2's file has none, so <gh_stars>, id 7, is made one here)
+    is matched whole, as a control token is, but it is text, not a special token: decoding with
+    ``skip_special_tokens`` keeps it, and drops the control tokens around it."""
+    import mlx.core as mx
+
+    types = metadata["tokenizer.ggml.token_type"].tolist()
+    types[7] = 4
+    tok = tokenizer_from_metadata({**metadata, "tokenizer.ggml.token_type": mx.array(types, dtype=mx.int32)})
+    assert tok.encode("<gh_stars>", add_special_tokens=False) == [7]
+    assert tok.decode([1, 7, 19556, 2], skip_special_tokens=True) == "<gh_stars>Hello"
