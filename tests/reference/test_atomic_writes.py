@@ -651,3 +651,60 @@ def test_the_new_content_is_on_disk_before_the_rename(tmp_path, monkeypatch, mod
     (_, ino, synced), (what, renamed, _) = events
     assert what == "replace" and ino == renamed and synced == size, events
     assert path.read_bytes() == (data if isinstance(data, bytes) else data.encode())
+
+
+def test_two_outputs_one_a_symbolic_link_to_the_other_are_refused(tmp_path):
+    """Outputs are compared where they point: ``-o x`` and ``--other link-to-x`` name one file."""
+    target, link = tmp_path / "x.bin", tmp_path / "link.bin"
+    link.symlink_to(target)                       # dangling until x.bin is written: still the same file
+    with pytest.raises(ValueError, match="name the same file"):
+        check_outputs({"-o": target, "--other": link}, inputs=[])
+    target.write_bytes(OLD)
+    with pytest.raises(ValueError, match="name the same file"):
+        check_outputs({"-o": link, "--other": target}, inputs=[])
+
+
+def test_a_failed_set_leaves_an_existing_empty_folder_in_place(tmp_path):
+    """``atomic_files`` removes on failure only a folder it created itself, never the user's (empty) one."""
+    from reference.atomic import atomic_files
+
+    folder = tmp_path / "out"
+    folder.mkdir()
+    with pytest.raises(RuntimeError):
+        with atomic_files(folder) as tmp:
+            (tmp / "a.bin").write_bytes(b"new")
+            raise RuntimeError("failed mid-set")
+    assert folder.is_dir() and list(folder.iterdir()) == []
+    made = tmp_path / "made"
+    with pytest.raises(RuntimeError):
+        with atomic_files(made):
+            raise RuntimeError("failed mid-set")
+    assert not made.exists()
+
+
+def test_a_signal_put_off_in_a_del_is_pending_until_taken_once(monkeypatch):
+    """``defer_if_unsafe``: inside a ``__del__`` the handler must not raise (the exception would be dropped):
+    the signal is put off (pending); ``take_pending`` hands it over once, after which it is neither pending
+    nor delivered again. On ordinary Python code the handler raises at once (False)."""
+    import sys
+
+    from reference import atomic
+
+    got = []
+    monkeypatch.setattr(atomic, "RETRY_S", 0.05)
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: got.append(signum))
+    try:
+        def __del__():
+            return sys._getframe()
+
+        assert atomic.defer_if_unsafe(signal.SIGUSR1, __del__()) is True
+        assert atomic.take_pending() == {signal.SIGUSR1}
+        assert atomic.take_pending() == set()
+        time.sleep(0.3)                           # the retry timer fired: nothing pending, nothing sent
+        assert got == []
+        assert atomic.defer_if_unsafe(signal.SIGUSR1, sys._getframe()) is False
+        assert atomic.take_pending() == set()
+    finally:
+        atomic._pending.discard(signal.SIGUSR1)   # whatever failed above, no retry may land on the default action
+        time.sleep(0.1)
+        signal.signal(signal.SIGUSR1, previous)

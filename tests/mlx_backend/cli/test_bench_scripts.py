@@ -114,6 +114,30 @@ def test_corpus_asks_for_a_larger_test_size_when_no_document_fits(tmp_path, text
     assert len(err) == 1 and "smaller" not in err[0] and "--test-bytes of at least" in err[0]
 
 
+def test_corpus_blocks_cut_at_a_blank_line_past_the_size_else_at_twice_the_size():
+    """``blocks(text, size=10)``: a document ends at the first blank line once it holds 10 characters, or at the
+    line end that brings it to 20 without one; nothing is lost."""
+    corpus = script("corpus")
+    text = "aaaa\nbbbb\n\ncccccccccc\ndddddddddd\ne\n"
+    docs = corpus.blocks(text, size=10)
+    assert docs == ["aaaa\nbbbb\n\n", "cccccccccc\ndddddddddd\n", "e\n"]
+    assert "".join(docs) == text
+
+
+def test_corpus_split_fills_the_test_set_to_its_size_with_whole_documents():
+    """Whole documents, none split or lost; the test set stops growing once it holds ``test_bytes`` and never
+    exceeds it by more than 5%; the same seed gives the same split."""
+    corpus = script("corpus")
+    same = [f"{i:03d}" + "x" * 97 for i in range(10)]              # ten documents of 100 bytes
+    train, test = corpus.split(same, test_bytes=250)
+    assert len(test) == 2 and sorted(train + test) == sorted(same)  # a third would make 300 > 262.5
+    mixed = [f"{i:03d}" + "x" * 97 for i in range(5)] + [f"s{i}" for i in range(5)]   # 100- and 2-byte ones
+    train, test = corpus.split(mixed, test_bytes=100)
+    assert sorted(train + test) == sorted(mixed) and (train, test) == corpus.split(mixed, test_bytes=100)
+    sizes = [len(d) for d in test]
+    assert 100 <= sum(sizes) <= 105 and sum(sizes[:-1]) < 100, sizes
+
+
 # --- long_drafts.py -------------------------------------------------------------------------------
 
 class FakeTokenizer:

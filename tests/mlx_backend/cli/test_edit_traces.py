@@ -158,3 +158,38 @@ def test_a_negative_limit_per_package_is_refused(tmp_path, no_downloads, capsys,
         et.main(["--limit-per-package", value, "-o", str(tmp_path / "t.jsonl")])
     usage_error(capsys, info, f"--limit-per-package {value}", ">= 0")
     assert not (tmp_path / "t.jsonl").exists()
+
+
+def test_a_file_longer_than_max_chars_before_or_after_the_change_is_skipped():
+    """``--max-chars`` caps both sides: a file that grows past it, or shrinks below it from above, is no trace."""
+    long_ = BODY + "x" * 1000 + "\n"                        # BODY plus one line of 1001 characters
+    a = {"grew.py": BODY.encode(), "shrank.py": long_.encode()}
+    b = {"grew.py": long_.encode(), "shrank.py": BODY.encode()}
+    assert et.pair_traces("pypi:demo", "1.0", "1.1", a, b, max_lines=20, max_chars=len(BODY) + 10) == []
+    kept = et.pair_traces("pypi:demo", "1.0", "1.1", a, b, max_lines=20, max_chars=len(long_))
+    assert [(t["path"], t["lines_changed"]) for t in kept] == [("grew.py", 1), ("shrank.py", 1)]
+
+
+def test_limit_per_package_keeps_evenly_spaced_traces_of_each_package(tmp_path, monkeypatch):
+    """10 traces of one package, limit 3: the 1st, 4th and 7th (every 10/3-th, in order); a package with
+    fewer traces than the limit keeps them all."""
+    made = {"pypi:demo": [f"p{i}" for i in range(10)], "npm:other": ["q0", "q1"]}
+    monkeypatch.setattr(et, "latest_versions", lambda spec, n: ["1.0", "1.1"])
+    monkeypatch.setattr(et, "build", lambda releases, cache, **kw: [
+        {"package": spec, "path": path, "language": "python"} for spec in releases for path in made[spec]])
+    out = tmp_path / "t.jsonl"
+    assert et.main(["--package", "pypi:demo", "--package", "npm:other", "--limit-per-package", "3",
+                    "-o", str(out)]) == 0
+    assert [t["path"] for t in et.read_jsonl(out)] == ["p0", "p3", "p6", "q0", "q1"]
+
+
+def test_changelogs_vendored_and_generated_files_are_never_traces():
+    """Each of these changed by one line and long enough: only the package's own source is a trace; a
+    changelog (it names the change), vendored ``node_modules``, ``.egg-info`` metadata, minified code and
+    per-release metadata are not."""
+    skipped = ["CHANGES.rst", "HISTORY.md", "docs/changelog.md", "node_modules/dep/index.js", "lib/node_modules/x.js",
+               "demo.egg-info/SOURCES.txt", "demo.egg-info/top_level.txt", "dist/app.min.js", "package.json"]
+    a = {p: BODY.encode() for p in [*skipped, "src/keep.js"]}
+    b = {p: BODY.replace("line 7 ", "line seven ").encode() for p in a}
+    traces = et.pair_traces("npm:demo", "1.0", "1.1", a, b, max_lines=20, max_chars=12000)
+    assert [(t["path"], t["language"], t["lines_changed"]) for t in traces] == [("src/keep.js", "javascript", 1)]

@@ -558,3 +558,36 @@ def test_dynamic_names_a_directory_with_scope_user_and_a_file_with_scope_server(
     assert main(["serve", "--model", "nowhere", "--dynamic", str(tmp_path / "no" / "dyn.bin")]) == 2
     assert "does not exist; create it first" in capsys.readouterr().err
     assert file.is_file() and sorted(p.name for p in tmp_path.iterdir()) == ["per-user", "st.bin"]
+
+
+def test_a_fixed_draft_max_up_to_the_limit_is_served_and_one_above_refused(llama, models):
+    """A request's fixed ``draft_max`` may reach the cost-aware choice's limit (64), or the server's
+    ``--draft-max`` where that is larger; one more is HTTP 400 naming the field."""
+    greedy = chat(llama, MESSAGES[0])[0]
+    text, _, r = chat(llama, MESSAGES[0], extra_body={"draft_max": 64})
+    assert text == greedy and r.model_extra["timings"]["draft_max"] == 64
+    with pytest.raises(openai.BadRequestError) as refused:
+        chat(llama, MESSAGES[0], extra_body={"draft_max": 65})
+    assert refused.value.body["param"] == "draft_max" and "at most 64" in refused.value.body["message"]
+    wide = Server("--model", str(models["llama"]), "--draft-max", "80", "--decode-concurrency", "1")
+    try:
+        text, _, r = chat(wide, MESSAGES[0], extra_body={"n_draft": 80})
+        assert text == greedy and r.model_extra["timings"]["draft_max"] == 80
+        with pytest.raises(openai.BadRequestError) as refused:
+            chat(wide, MESSAGES[0], extra_body={"n_draft": 81})
+        assert refused.value.body["param"] == "n_draft" and "at most 80" in refused.value.body["message"]
+    finally:
+        wide.stop()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--max-tokens", "0"], "--max-tokens must be at least 1, got 0"),
+    (["--draft-max", "-1"], "--draft-max must be >= 0 (0: plain decoding), got -1"),
+    (["--decode-concurrency", "0"], "--decode-concurrency must be at least 1 (1: one request at a time), got 0"),
+    (["--port", "0"], "--port must be in 1..65535, got 0"),
+    (["--port", "65536"], "--port must be in 1..65535, got 65536"),
+])
+def test_serve_refuses_out_of_range_numbers_in_one_line_before_the_model_loads(capsys, argv, message):
+    assert main(["serve", "--model", "nowhere", *argv]) == 2   # refused before the model is looked for
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err

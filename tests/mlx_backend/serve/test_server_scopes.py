@@ -274,3 +274,68 @@ def test_the_dynamic_cache_learns_exactly_the_response_ngrams_of_completed_reque
     users.finish(RequestSpec(True, 4, "bob"), b, 2, completed=True)
     assert users.dynamic_for("alice").entries() == rows(response_ngrams(a, 4))
     assert users.dynamic_for("bob").entries() == rows(response_ngrams(b, 2))
+
+
+def test_the_dynamic_cache_is_saved_every_save_every_completed_requests():
+    """``--save-every 2``: saved after the 2nd and the 4th completed request, not after every one once the
+    first save is done (the count starts again at each save)."""
+    import tempfile
+
+    from mlx_backend.serve.server import NgramSpeculator, RequestSpec
+
+    with tempfile.TemporaryDirectory() as folder:
+        speculator = NgramSpeculator(dynamic=f"{folder}/dyn.ngram", save_every=2)
+        saves = []
+        for _ in range(5):
+            speculator.finish(RequestSpec(True, 4, None), [5, 6, 7, 5, 6, 7], 2, completed=True)
+            saves.append(speculator.stats()["dynamic_saves"])
+        assert saves == [0, 1, 1, 2, 2]
+
+
+def test_users_whose_names_differ_only_in_case_get_their_own_files(tmp_path):
+    """``user`` is an opaque name: "alice" and "Alice" are two scopes, each with its own dynamic cache and
+    suffix history file, read back apart."""
+    from mlx_backend.serve.server import NgramSpeculator, RequestSpec
+
+    folder = tmp_path / "users"
+    first = NgramSpeculator(dynamic=str(folder), history=str(folder), scope="user")
+    first.finish(RequestSpec(True, 4, "alice"), [5, 6, 7, 5, 6, 7], 2, completed=True)
+    first.finish(RequestSpec(True, 4, "Alice"), [1, 2, 3, 1, 2, 3, 1], 2, completed=True)
+    first.save()
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        user_file(folder, u, s).name for u in ("alice", "Alice") for s in (".ngram", ".history"))
+    again = NgramSpeculator(dynamic=str(folder), history=str(folder), scope="user")
+    assert again.history_for("alice").sequences == [[5, 6, 7, 5, 6, 7]]
+    assert again.history_for("Alice").sequences == [[1, 2, 3, 1, 2, 3, 1]]
+    assert again.dynamic_for("alice").entries() == first.dynamic_for("alice").entries()
+    assert again.dynamic_for("Alice").entries() == first.dynamic_for("Alice").entries()
+
+
+def test_stats_add_up_the_requests_as_counted_by_hand():
+    """``/v1/stats`` totals over four requests with known counters: a request that drafts nothing (draft length
+    0, or not speculative) counts toward no drafter; the queue wait is averaged over every request, cancelled
+    ones included; verify forwards count only the requests decoded alone (the batched one's come from
+    ``count_forward``)."""
+    from mlx_backend.decode.generate import SpecStats
+    from mlx_backend.serve.server import NgramSpeculator, RequestSpec
+
+    server = NgramSpeculator(drafter="lookup")
+    requests = [  # (spec, completed)
+        (RequestSpec(True, None, None, drafter="suffix", t_queue=0.5,
+                     stats=SpecStats(steps=4, n_tokens=10, n_drafted=8, n_accept=6)), True),
+        (RequestSpec(True, 0, None, t_queue=1.5, stats=SpecStats(steps=5, n_tokens=5)), True),
+        (RequestSpec(False, 4, None, t_queue=1.0, stats=SpecStats(steps=3, n_tokens=3)), False),
+        (RequestSpec(True, 4, None, batched=True, stats=SpecStats(steps=2, n_tokens=6, n_drafted=4, n_accept=4)),
+         True),
+    ]
+    for spec, completed in requests:
+        server.finish(spec, [1, 2, 3, 4], 2, completed=completed)
+    s = server.stats()
+    assert (s["requests"], s["speculative_requests"], s["completed"], s["cancelled"]) == (4, 3, 3, 1)
+    assert (s["completion_tokens"], s["decode_forwards"], s["draft_n"], s["draft_n_accepted"]) == (24, 14, 12, 10)
+    assert s["drafters"] == {"lookup": 1, "suffix": 1, "auto": 0}
+    assert s["accept"] == pytest.approx(100 * 10 / 12)
+    assert s["tokens_per_forward"] == pytest.approx(24 / 14)
+    assert s["accepted_per_row_step"] == pytest.approx(10 / 14)
+    assert s["queue_wait"] == {"mean": pytest.approx(3.0 / 4), "max": 1.5}
+    assert s["verify_forwards"] == 12 and s["rows_per_forward"] == {"mean": 1.0, "max": 1}
