@@ -25,14 +25,20 @@ def suffix_api():
     return api
 
 
-def lookup_drafter(c_st=None, c_dyn=None):
+def _shared(share_dyn: bool) -> dict:
+    """``share_dyn`` for the fast ``NgramDrafter`` (the reference's has no such option: it copies)."""
+    return {"share_dyn": True} if share_dyn and ngram_api().NAME == "mlx" else {}
+
+
+def lookup_drafter(c_st=None, c_dyn=None, share_dyn: bool = False):
     """llama.cpp's lookup drafter over ``c_st`` / ``c_dyn`` (caches or cache file paths) from :func:`ngram_api`:
-    :func:`make_drafter`'s ``lookup`` (the default drafter is ``auto``)."""
-    return ngram_api().NgramDrafter(c_st=c_st, c_dyn=c_dyn)
+    :func:`make_drafter`'s ``lookup`` (the default drafter is ``auto``). ``share_dyn``: read the ``HashTable``
+    ``c_dyn`` as it is (no copy; the caller changes it only between drafts)."""
+    return ngram_api().NgramDrafter(c_st=c_st, c_dyn=c_dyn, **_shared(share_dyn))
 
 
 def make_drafter(name: str, *, c_st=None, c_dyn=None, history=None, score: str = "exact",
-                 min_match: int = AUTO_MIN_MATCH):
+                 min_match: int = AUTO_MIN_MATCH, share_dyn: bool = False):
     """The fast drafter called ``name`` (one of :data:`DRAFTERS`), as :func:`reference.suffix.auto.make_drafter`
     builds the reference's: ``lookup`` llama.cpp's (:func:`lookup_drafter`'s ``NgramDrafter``; ``c_st``,
     ``c_dyn``, ``score``), ``suffix`` :func:`suffix_api`'s ``SuffixDrafter`` (``history``: a ``SuffixHistory``
@@ -50,7 +56,7 @@ def make_drafter(name: str, *, c_st=None, c_dyn=None, history=None, score: str =
         raise ValueError(f"unknown drafter {name!r}: choose one of {', '.join(DRAFTERS)}")
     if name == "suffix":
         return SuffixDrafter(history)
-    lookup = ngram_api().NgramDrafter(c_st=c_st, c_dyn=c_dyn, score=score)
+    lookup = ngram_api().NgramDrafter(c_st=c_st, c_dyn=c_dyn, score=score, **_shared(share_dyn))
     if name == "lookup":
         return lookup
     return AutoDrafter(SuffixDrafter(history), lookup, min_match=min_match)

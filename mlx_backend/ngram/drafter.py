@@ -30,14 +30,15 @@ class NgramDrafter:
     """Drafts from ``c_ctx`` (this sequence), ``c_dyn`` (earlier text) and ``c_st`` (a corpus).
 
     ``c_st``/``c_dyn`` are caches of either backend or cache file paths (either format); they are
-    only read (``c_dyn`` is copied into a hash table once). ``score``: ``"exact"`` or ``"int32"``.
+    only read (``c_dyn`` is copied into a hash table once, unless ``share_dyn`` and it already is one: then
+    the drafter reads that table as its owner changes it, which must not happen during a :meth:`draft`). ``score``: ``"exact"`` or ``"int32"``.
     ``vocab_size``/``fingerprint`` (:func:`mlx_backend.ngram.cache_file.tokenizer_fingerprint`): the
     tokenizer in use; a cache file that records another one is refused.
     :attr:`tokens` is a read-only int32 view of the sequence.
     """
 
     def __init__(self, c_st=None, c_dyn=None, score: str = "exact", *, vocab_size: int | None = None,
-                 fingerprint: bytes | None = None):
+                 fingerprint: bytes | None = None, share_dyn: bool = False):
         from mlx_backend.ngram.caches import as_sorted, as_table
         from mlx_backend.ngram.cache_file import check_tokenizer
 
@@ -53,7 +54,7 @@ class NgramDrafter:
             if cache is not None and not isinstance(cache, HashTable):
                 where = given if isinstance(given, (str, os.PathLike)) else "<cache>"
                 check_tokenizer(cache, where, vocab_size, fingerprint)
-        self.c_dyn = None if dyn is None else as_table(dyn)
+        self.c_dyn = None if dyn is None else as_table(dyn, copy=not share_dyn)
         self._ctx = HashTable()
         self._buf = np.zeros(1024, np.int32)
         self._n = 0  # len(tokens)
