@@ -118,11 +118,8 @@ def test_extrapolation_is_conservative_for_a_rising_curve(c_p, flat, knee, steep
     assert all(c >= true(S) * (1 - 1e-9) for S, c in enumerate(estimate, 1) if S > 2 * knee + 1)
 
 
-@settings(max_examples=60, deadline=None)
-@given(samples=st.dictionaries(st.integers(1, 9), st.lists(st.floats(0.5, 10), min_size=1, max_size=5), max_size=9))
-def test_estimate_never_decreases_and_keeps_ordered_medians(samples):
-    import statistics
-
+def costs_timed(samples: dict[int, list[float]]) -> StepCosts:
+    """StepCosts(9) after MIN_PLAIN plain steps of 1 s, then each verify timing of ``samples`` after a plain one."""
     costs = StepCosts(9)
     for _ in range(draft_policy.MIN_PLAIN):
         costs.add(0, 1.0)
@@ -130,6 +127,15 @@ def test_estimate_never_decreases_and_keeps_ordered_medians(samples):
         for v in values:
             costs.add(0, 1.0)
             costs.add(S, v)
+    return costs
+
+
+@settings(max_examples=60, deadline=None)
+@given(samples=st.dictionaries(st.integers(1, 9), st.lists(st.floats(0.5, 10), min_size=1, max_size=5), max_size=9))
+def test_estimate_never_decreases_and_keeps_ordered_medians(samples):
+    import statistics
+
+    costs = costs_timed(samples)
     estimate, plain = costs.estimate()
     assert plain == 1.0 and all(a <= b + 1e-12 for a, b in zip(estimate, estimate[1:]))
     medians = {S: statistics.median(v) for S, v in samples.items()}
@@ -336,13 +342,7 @@ def test_timed_sizes_are_pooled_by_their_number_of_timings(samples):
     happened, and equal weights passed."""
     import statistics
 
-    costs = StepCosts(9)
-    for _ in range(draft_policy.MIN_PLAIN):
-        costs.add(0, 1.0)
-    for S, values in samples.items():
-        for v in values:
-            costs.add(0, 1.0)
-            costs.add(S, v)
+    costs = costs_timed(samples)
     estimate, _ = costs.estimate()
     known = sorted({1, *samples})
     medians = [statistics.median(samples[S]) if S in samples else 1.0 for S in known]

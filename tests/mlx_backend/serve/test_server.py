@@ -530,14 +530,20 @@ def test_a_port_in_use_or_an_unknown_host_is_one_line_before_the_model_loads(cap
     (["--top-k", "-3"], "--top-k must be a whole number >= 0 (0 = off), got -3"),
     (["--min-p", "5"], "--min-p must be in [0, 1] (0 = off), got 5.0"),
     (["--prompt-cache-size", "-1"], "--prompt-cache-size must be >= 0"),
+    (["--max-tokens", "0"], "--max-tokens must be at least 1, got 0"),
+    (["--draft-max", "-1"], "--draft-max must be >= 0 (0: plain decoding), got -1"),
+    (["--decode-concurrency", "0"], "--decode-concurrency must be at least 1 (1: one request at a time), got 0"),
+    (["--port", "0"], "--port must be in 1..65535, got 0"),
+    (["--port", "65536"], "--port must be in 1..65535, got 65536"),
 ])
-def test_serve_refuses_the_default_sampling_flags_generate_refuses_before_the_model_loads(capsys, argv, message):
-    """Before: accepted; --temp -1 then failed every request that names no temperature (HTTP 400), --top-p 0
-    silently turned top-p off (mlx-lm's make_sampler reads 0 as off). Same words as ``generate``."""
+def test_serve_refuses_out_of_range_numbers_in_one_line_before_the_model_loads(capsys, argv, message):
+    """Before, the sampling flags were accepted: --temp -1 then failed every request that names no temperature
+    (HTTP 400), --top-p 0 silently turned top-p off (mlx-lm's make_sampler reads 0 as off); the sampling
+    flags use the same words as ``generate``."""
     assert main(["serve", "--model", "nowhere", *argv]) == 2   # refused before the model is looked for
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
-    if argv[0] != "--prompt-cache-size":
+    if argv[0] in ("--temp", "--top-p", "--top-k", "--min-p"):
         assert main(["generate", "--backend", "reference", "--model", "nowhere", "--prompt", "x", *argv]) == 2
         assert message in capsys.readouterr().err
 
@@ -579,15 +585,3 @@ def test_a_fixed_draft_max_up_to_the_limit_is_served_and_one_above_refused(llama
     finally:
         wide.stop()
 
-
-@pytest.mark.parametrize("argv, message", [
-    (["--max-tokens", "0"], "--max-tokens must be at least 1, got 0"),
-    (["--draft-max", "-1"], "--draft-max must be >= 0 (0: plain decoding), got -1"),
-    (["--decode-concurrency", "0"], "--decode-concurrency must be at least 1 (1: one request at a time), got 0"),
-    (["--port", "0"], "--port must be in 1..65535, got 0"),
-    (["--port", "65536"], "--port must be in 1..65535, got 65536"),
-])
-def test_serve_refuses_out_of_range_numbers_in_one_line_before_the_model_loads(capsys, argv, message):
-    assert main(["serve", "--model", "nowhere", *argv]) == 2   # refused before the model is looked for
-    err = capsys.readouterr().err
-    assert message in err and err.count("\n") == 1, err
