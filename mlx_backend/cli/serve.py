@@ -166,7 +166,8 @@ def register(subparsers) -> None:
                    help="one dynamic cache (and suffix history) for all requests, or one per request `user` field "
                         "so one user's text is never drafted into another's answer (default: %(default)s)")
     p.add_argument("--save-every", type=int, default=20, metavar="N",
-                   help="save the dynamic cache (and --history) every N completed requests (default: %(default)s)")
+                   help="save the dynamic cache (and --history) every N completed requests, but no sooner after a save "
+                        "than 19 times what it took, so saving is at most 5%% of the time (default: %(default)s)")
     p.add_argument("--ctx-size", type=int, default=None, metavar="N",
                    help="refuse requests whose prompt + max_tokens exceed N tokens (default: the model's context)")
     # mlx_lm.server's own flags (same names and defaults); its parser is local to mlx_lm.server.main

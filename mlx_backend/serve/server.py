@@ -124,6 +124,10 @@ class _WorkerStopped(Exception):
 
 
 ANSWER_TIMEOUT_S = 10.0  # after a worker failure or a stop: how long the handlers get to send their error answers
+#: periodic saves (``--save-every``) take at most this share of the generation thread's time: a save writes each
+#: changed cache whole while every decoding request waits (a server-wide dynamic cache of 2.4 M entries: ~2 s)
+SAVE_SHARE = 0.05
+_clock = time.monotonic   # the time periodic saves are spaced by (a test replaces it)
 
 
 @dataclasses.dataclass
@@ -250,8 +254,9 @@ class NgramSpeculator:
     (the n-grams whose followers are response tokens) and are used by later requests: one for the whole
     server (``scope="server"``, file ``dynamic``) or one per request ``user`` (``scope="user"``, files
     under the directory ``dynamic``; requests without ``user`` then neither use nor feed one). Saved
-    atomically (:func:`mlx_backend.ngram.dynamic_cache.save_dynamic`) every ``save_every`` completed requests
-    and on shutdown. Suffix histories (``SuffixHistory``, at most ``history_max_tokens`` tokens each; 0: none)
+    atomically (:func:`mlx_backend.ngram.dynamic_cache.save_dynamic`) every ``save_every`` completed requests,
+    but no sooner after a save than (1 - :data:`SAVE_SHARE`) / :data:`SAVE_SHARE` times what it took, and on
+    shutdown. Suffix histories (``SuffixHistory``, at most ``history_max_tokens`` tokens each; 0: none)
     hold each completed request's prompt followed by its output, scoped like ``c_dyn``, for the ``suffix``
     and ``auto`` drafters; in memory, or kept in ``history`` (a file, or with ``scope="user"`` a directory)
     like the dynamic caches in ``dynamic`` (:mod:`mlx_backend.suffix.history_file`). ``drafter``: the
@@ -299,6 +304,7 @@ class NgramSpeculator:
         self._rows = [0, 0]  # rows summed over the verify forwards, the most in one
         self._queue_max = 0.0  # the longest wait of a request before its prompt began
         self._since_save = 0
+        self._next_save = 0.0   # no periodic save before this time (_clock; SAVE_SHARE)
 
     def make_cache(self) -> list:
         """mlx-lm appends the draft model's cache to the model's (``make_prompt_cache``): none here."""
@@ -386,8 +392,14 @@ class NgramSpeculator:
             table.update(np.asarray(full, np.int32), n_prompt, len(full))
             self._dirty.add(self._key(spec.user))
         self._since_save += 1
-        if (self.path is not None or self.history_path is not None) and self._since_save >= self.save_every:
-            self.save()
+        if ((self.path is not None or self.history_path is not None) and self._since_save >= self.save_every
+                and _clock() >= self._next_save):
+            start = _clock()
+            try:
+                self.save()
+            finally:   # the next one waits 19x this one (SAVE_SHARE = 5 %): 2 s of saving, then 38 s without
+                took = _clock() - start
+                self._next_save = start + took + took * (1 - SAVE_SHARE) / SAVE_SHARE
 
     def count_forward(self, rows: int) -> None:
         """One batched verify forward over ``rows`` rows (``/v1/stats`` ``verify_forwards``, ``rows_per_forward``)."""
