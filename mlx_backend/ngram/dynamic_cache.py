@@ -42,12 +42,13 @@ def load_dynamic(path: str | os.PathLike, api: ModuleType | None = None):
     return api.load_cache(path)
 
 
-def save_dynamic(path: str | os.PathLike, c_dyn, c_ctx, api: ModuleType | None = None):
+def save_dynamic(path: str | os.PathLike, c_dyn, c_ctx, api: ModuleType | None = None, *, ours: bool = False):
     """Merge ``c_ctx`` into (a copy of) ``c_dyn``, write it to ``path`` atomically, return it. The file
-    keeps its format: a file of our format is written in ours, any other (or a new one) in llama.cpp's."""
+    keeps its format: a file of our format is written in ours, any other (or a new one) in llama.cpp's;
+    ``ours`` (the mlx backend): always in ours, which later loads map without a converted copy."""
     api = _api(api)
     learned = api.merge_caches([c for c in (c_dyn, c_ctx) if c is not None])
-    if hasattr(api, "detect_format") and Path(path).is_file() and api.detect_format(path) == "ours":
+    if hasattr(api, "detect_format") and (ours or Path(path).is_file() and api.detect_format(path) == "ours"):
         api.save_cache(learned, path, format="ours")
     else:
         api.save_cache(learned, path)  # both backends write through reference.atomic.atomic_write
