@@ -45,6 +45,8 @@ def check_args(args) -> None:
         raise ValueError(f"--draft-max must be >= 0 (0: plain decoding), got {args.draft_max}")
     if args.drafter not in DRAFTERS:
         raise ValueError(f"--drafter must be one of {', '.join(DRAFTERS)}, got {args.drafter!r}")
+    if args.max_users < 0:
+        raise ValueError(f"--max-users must be >= 0 (0: no limit), got {args.max_users}")
     if args.history_max_tokens < 0:
         raise ValueError(f"--history-max-tokens must be >= 0 (0: no history), got {args.history_max_tokens}")
     if args.decode_concurrency < 1:
@@ -165,6 +167,10 @@ def register(subparsers) -> None:
     p.add_argument("--dynamic-scope", choices=("server", "user"), default="server",
                    help="one dynamic cache (and suffix history) for all requests, or one per request `user` field "
                         "so one user's text is never drafted into another's answer (default: %(default)s)")
+    p.add_argument("--max-users", type=int, default=0, metavar="N",
+                   help="with --dynamic-scope user: keep at most N users' dynamic caches and suffix histories in memory; "
+                        "the least recently used one is written to its files (--dynamic, --history) and read back at "
+                        "its next request, or, kept in memory only, forgotten (default: %(default)s, no limit)")
     p.add_argument("--save-every", type=int, default=20, metavar="N",
                    help="save the dynamic cache (and --history) every N completed requests, but no sooner after a save "
                         "than 19 times what it took, so saving is at most 5%% of the time (default: %(default)s)")

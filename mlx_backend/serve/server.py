@@ -33,6 +33,7 @@ status 1 (:class:`SpecResponseGenerator`). See docs/server.md.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import hashlib
@@ -266,11 +267,13 @@ class NgramSpeculator:
     def __init__(self, *, draft_max: Optional[int] = None, speculative: bool = True, static=None,
                  dynamic: Optional[str] = None, scope: str = "server", save_every: int = 20,
                  drafter: str = DEFAULT_DRAFTER, history_max_tokens: int = HISTORY_MAX_TOKENS,
-                 history: Optional[str] = None):
+                 history: Optional[str] = None, max_users: int = 0):
         if scope not in ("server", "user"):
             raise ValueError(f"--dynamic-scope must be server or user, got {scope!r}")
         if save_every < 1:
             raise ValueError(f"--save-every must be at least 1, got {save_every}")
+        if max_users < 0:
+            raise ValueError(f"--max-users must be >= 0 (0: no limit), got {max_users}")
         check_drafter(drafter, "--drafter")
         if history_max_tokens < 0:
             raise ValueError(f"--history-max-tokens must be >= 0 (0: no history), got {history_max_tokens}")
@@ -279,6 +282,10 @@ class NgramSpeculator:
                              "of them")
         self.draft_max, self.speculative, self.scope, self.save_every = draft_max, speculative, scope, save_every
         self.drafter_name, self.history_max_tokens = drafter, history_max_tokens
+        # with scope="user": the users whose dynamic cache or history is in memory, least recently used first;
+        # beyond max_users (0: no limit) the least recently used one is written to its files and dropped
+        self.max_users = max_users
+        self._recent: collections.OrderedDict = collections.OrderedDict()
         self.histories: dict[Optional[str], Any] = {}
         self.c_st = None if static is None else load_cache(static)
         self.path = None if dynamic is None else Path(dynamic)
@@ -300,7 +307,8 @@ class NgramSpeculator:
         self.totals = {"requests": 0, "speculative_requests": 0, "completed": 0, "cancelled": 0,
                        "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0, "decode_forwards": 0,
                        "draft_n": 0, "draft_n_accepted": 0, "generation_seconds": 0.0, "dynamic_saves": 0,
-                       "drafters": {name: 0 for name in DRAFTERS}, "verify_forwards": 0, "queue_seconds": 0.0}
+                       "drafters": {name: 0 for name in DRAFTERS}, "verify_forwards": 0, "queue_seconds": 0.0,
+                       "users_dropped": 0}
         self._rows = [0, 0]  # rows summed over the verify forwards, the most in one
         self._queue_max = 0.0  # the longest wait of a request before its prompt began
         self._since_save = 0
@@ -323,7 +331,9 @@ class NgramSpeculator:
                 self.c_dyn[key] = as_table(load_dynamic(_scope_file(self.path, user)), copy=False)
             else:
                 self.c_dyn[key] = HashTable()
-        return self.c_dyn[key]
+        table = self.c_dyn[key]
+        self._used(key)
+        return table
 
     def history_for(self, user: Optional[str]):
         """The suffix history that drafts for ``user`` (``None``: none in use, or ``--history-max-tokens 0``)."""
@@ -334,7 +344,34 @@ class NgramSpeculator:
             self.histories[key] = self._new_history()
             if self.history_path is not None and self.scope == "user":
                 load_history(_scope_file(self.history_path, user, ".history"), self.histories[key])
-        return self.histories[key]
+        history = self.histories[key]
+        self._used(key)
+        return history
+
+    def _used(self, user: Optional[str]) -> None:
+        """``user``'s dynamic cache or history is in use now. Keep at most ``max_users`` users' in memory: the
+        least recently used one is written to its files (``--dynamic``, ``--history``; read back at its next
+        request) and dropped; without files what it learned is forgotten. Before, every ``user`` seen since start
+        stayed in memory (~47 KB each after one short request, up to ``--history-max-tokens`` of history each)
+        and in ``/v1/stats``. A user whose file cannot be written stays (logged; tried again later)."""
+        if self.scope != "user" or user is None or not self.max_users:
+            return
+        self._recent[user] = None
+        self._recent.move_to_end(user)
+        while len(self._recent) > self.max_users:
+            oldest = next(iter(self._recent))
+            try:
+                self.save(only={oldest})
+            except Exception:  # noqa: BLE001  (logged by save; that user stays in memory, saved later)
+                self._recent.move_to_end(oldest)
+                return
+            self.c_dyn.pop(oldest, None)
+            self.histories.pop(oldest, None)
+            self._dirty.discard(oldest)
+            self._dirty_histories.discard(oldest)
+            del self._recent[oldest]
+            with self.lock:
+                self.totals["users_dropped"] += 1
 
     def _new_history(self):
         return suffix_api().SuffixHistory(self.history_max_tokens)
@@ -408,8 +445,9 @@ class NgramSpeculator:
             self._rows[0] += rows
             self._rows[1] = max(self._rows[1], rows)
 
-    def save(self) -> None:
-        """Write every changed dynamic cache, and suffix history kept in a file, to its file atomically. One
+    def save(self, only: Optional[set] = None) -> None:
+        """Write every changed dynamic cache, and suffix history kept in a file (of the users in ``only``, if
+        given), to its file atomically. One
         that cannot be written stays changed (written at the next save) and its file keeps its last save; the
         others are still written, then the first failure is raised (before: the first failure stopped the loop,
         so with ``--dynamic-scope user`` one user's unwritable file lost every later user's save)."""
@@ -418,7 +456,7 @@ class NgramSpeculator:
             # a user's file (named by a hash, read by nothing but this server) is written in our format: a
             # llama.cpp-format one was parsed and sorted at every start and first request (~34 ms a file: 310 s
             # to start with 9,000 users) and left a converted copy of itself in the user's cache directory
-            saved = self._write_changed("dynamic n-gram cache", self.path, ".ngram", self._dirty, failures,
+            saved = self._write_changed("dynamic n-gram cache", self.path, ".ngram", self._dirty, failures, only,
                                         lambda path, key: save_dynamic(path, self.c_dyn[key], None,
                                                                        ours=self.scope == "user"))
             if saved:
@@ -426,17 +464,18 @@ class NgramSpeculator:
                     self.totals["dynamic_saves"] += 1
         if self.history_path is not None:
             self._write_changed("suffix history", self.history_path, ".history", self._dirty_histories, failures,
-                                lambda path, key: save_history(path, self.histories[key]))
-        self._since_save = 0
+                                only, lambda path, key: save_history(path, self.histories[key]))
+        if only is None:
+            self._since_save = 0
         if failures:
             raise failures[0]
 
-    def _write_changed(self, what: str, folder: Path, suffix: str, dirty: set, failures: list, write) -> int:
+    def _write_changed(self, what: str, folder: Path, suffix: str, dirty: set, failures: list, only, write) -> int:
         """``write(path, key)`` for every scope ``key`` in ``dirty``, each to its file (``folder`` itself with
         ``scope="server"``); the written ones leave ``dirty``, a failure is logged and appended to ``failures``.
         Returns how many were written."""
         saved = 0
-        for key in sorted(dirty, key=str):
+        for key in sorted(dirty if only is None else dirty & only, key=str):
             path = folder if self.scope == "server" else _scope_file(folder, key, suffix)
             try:
                 write(path, key)
@@ -448,7 +487,7 @@ class NgramSpeculator:
             dirty.discard(key)
             saved += 1
         if saved:
-            log.info("saved %d %s(s) to %s", saved, what, folder)
+            (log.info if only is None else log.debug)("saved %d %s(s) to %s", saved, what, folder)
         return saved
 
     def stats(self) -> dict:
@@ -1101,7 +1140,7 @@ def run_serve(args) -> int:
     speculator = NgramSpeculator(draft_max=args.draft_max, speculative=not args.no_spec, static=args.static,
                                  dynamic=args.dynamic, scope=args.dynamic_scope, save_every=args.save_every,
                                  drafter=args.drafter, history_max_tokens=args.history_max_tokens,
-                                 history=args.history)
+                                 history=args.history, max_users=args.max_users)
     dtype = None if args.dtype in (None, "auto") else args.dtype
     model, tokenizer, desc = load_model(args.model, dtype)
     # as mlx_lm.server's main (bypassed here): on Metal, wire the recommended working set for the server's life
