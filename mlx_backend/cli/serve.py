@@ -118,21 +118,24 @@ def run_serve(args) -> int:
     return serve(args)
 
 
+DESCRIPTION = (
+    "Serve a model over HTTP with mlx-lm's own OpenAI-compatible server (/v1/chat/completions,\n"
+    "/v1/completions, streaming, chat templates, tool calls, prompt-cache reuse), generating with n-gram\n"
+    "speculation. Greedy output is plain greedy output, token for token. Per request: \"speculative\":\n"
+    "false, \"draft_max\" (alias \"n_draft\"), \"drafter\" (lookup, suffix, auto), \"user\" (scope of the\n"
+    "dynamic cache and the suffix history). Speculation metrics in every response\n"
+    "(usage.completion_tokens_details, timings); totals at GET /v1/stats.\n\n"
+    "examples:\n  ngram-spec serve\n  ngram-spec serve --port 8081 --dynamic dyn.ngram\n"
+    "  ngram-spec serve --drafter suffix --history-max-tokens 200000\n"
+    "  curl localhost:8080/v1/chat/completions -H 'Content-Type: application/json' \\\n"
+    "    -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Repeat: a b c a b c\"}]}'")
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "serve", formatter_class=argparse.RawDescriptionHelpFormatter,
         help="an OpenAI-compatible HTTP server (mlx_lm.server) generating with n-gram speculation",
-        description=(
-            "Serve a model over HTTP with mlx-lm's own OpenAI-compatible server (/v1/chat/completions,\n"
-            "/v1/completions, streaming, chat templates, tool calls, prompt-cache reuse), generating with n-gram\n"
-            "speculation. Greedy output is plain greedy output, token for token. Per request: \"speculative\":\n"
-            "false, \"draft_max\" (alias \"n_draft\"), \"drafter\" (lookup, suffix, auto), \"user\" (scope of the\n"
-            "dynamic cache and the suffix history). Speculation metrics in every response\n"
-            "(usage.completion_tokens_details, timings); totals at GET /v1/stats.\n\n"
-            "examples:\n  ngram-spec serve\n  ngram-spec serve --port 8081 --dynamic dyn.ngram\n"
-            "  ngram-spec serve --drafter suffix --history-max-tokens 200000\n"
-            "  curl localhost:8080/v1/chat/completions -H 'Content-Type: application/json' \\\n"
-            "    -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Repeat: a b c a b c\"}]}'"),
+        description=DESCRIPTION,
     )
     p.add_argument("--backend", choices=("mlx",), default="mlx",
                    help="mlx only: the server is mlx_lm.server (accepted, like every command's --backend)")
@@ -167,13 +170,13 @@ def register(subparsers) -> None:
     p.add_argument("--dynamic-scope", choices=("server", "user"), default="server",
                    help="one dynamic cache (and suffix history) for all requests, or one per request `user` field "
                         "so one user's text is never drafted into another's answer (default: %(default)s)")
-    p.add_argument("--max-users", type=int, default=0, metavar="N",
-                   help="with --dynamic-scope user: keep at most N users' dynamic caches and suffix histories in memory; "
-                        "the least recently used one is written to its files (--dynamic, --history) and read back at "
-                        "its next request, or, kept in memory only, forgotten (default: %(default)s, no limit)")
-    p.add_argument("--save-every", type=int, default=20, metavar="N",
-                   help="save the dynamic cache (and --history) every N completed requests, but no sooner after a save "
-                        "than 19 times what it took, so saving is at most 5%% of the time (default: %(default)s)")
+    p.add_argument("--max-users", type=int, default=0, metavar="N", help="with --dynamic-scope user: keep at most N "
+                   "users' dynamic caches and suffix histories in memory; the least recently used one is written to its "
+                   "files (--dynamic, --history) and read back at its next request, or, kept in memory only, forgotten "
+                   "(default: %(default)s, no limit)")
+    p.add_argument("--save-every", type=int, default=20, metavar="N", help="save the dynamic cache (and --history) "
+                   "every N completed requests, but no sooner after a save than 19 times what it took, so saving is at "
+                   "most 5%% of the time (default: %(default)s)")
     p.add_argument("--ctx-size", type=int, default=None, metavar="N",
                    help="refuse requests whose prompt + max_tokens exceed N tokens (default: the model's context)")
     # mlx_lm.server's own flags (same names and defaults); its parser is local to mlx_lm.server.main
