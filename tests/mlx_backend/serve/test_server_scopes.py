@@ -229,10 +229,13 @@ def test_the_start_line_names_the_history_file_and_its_bound(llama, tmp_path):
         while not lines or "serving" not in lines[-1]:
             lines.append(proc.stdout.readline())
             assert lines[-1], "".join(lines)             # the server exited (or was killed) before its start line
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
     finally:
         hung.cancel()
-    proc.send_signal(signal.SIGTERM)
-    proc.communicate(timeout=60)
+        if proc.poll() is None:                          # a failure above must not leave a server running
+            proc.kill()
+            proc.communicate()
     assert f"suffix history 1000 tokens, kept in {history})" in lines[-1], lines[-1]
 
 
