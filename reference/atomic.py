@@ -5,7 +5,9 @@ files) goes through :func:`atomic_write`: the content is written to a temporary 
 directory, flushed and ``fsync``'ed, then renamed over the target (``os.replace``, atomic on POSIX),
 so the target holds either its old bytes or the complete new ones. On any exception, including
 ``KeyboardInterrupt`` (SIGINT) and SIGTERM (turned into ``SystemExit(143)`` while a write is open),
-the temporary file is removed and the old file is left untouched. A set of files that belong together
+the temporary file is removed and the old file is left untouched; one left by a writer that nothing
+could stop (SIGKILL, the OOM killer) is removed by a later complete write of the same file, once
+``STALE_S`` old. A set of files that belong together
 (``tiny-model``'s model folder, ``benchmarks/corpus.py``'s corpus) goes through :func:`atomic_files`:
 written into a temporary folder, then renamed in together with the signals held back (by handlers that
 note them, :func:`_signals_held`: a thread's signal mask would not hold a Ctrl-C that the kernel hands to
@@ -198,7 +200,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", **open_kwargs) -> It
         try:
             with _signals_held():   # a Ctrl-C right after mkstemp returns is raised once ``tmp`` is set
                 try:
-                    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+                    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_tmp_prefix(path), suffix=".tmp")
                 except OSError as exc:  # a missing or read-only folder: name the file the user gave
                     raise type(exc)(exc.errno, exc.strerror, str(given)) from None
             try:
@@ -218,10 +220,47 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", **open_kwargs) -> It
                 os.replace(tmp, path)
             except OSError as exc:  # an immutable file (chattr +i), a folder made read-only meanwhile
                 raise type(exc)(exc.errno, exc.strerror, str(given)) from None
+            _remove_stale_temporaries(path)
         finally:
             if tmp is not None:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
+
+
+# A temporary whose writer is gone is removed only once it is this old (seconds): a writer in another PID
+# namespace (a container sharing the folder) may look gone while it still writes.
+STALE_S = 600.0
+
+
+def _tmp_prefix(path: Path) -> str:
+    """``.NAME.PID.``: the temporaries of ``path`` name their writer's process."""
+    return f".{path.name}.{os.getpid()}."
+
+
+def _remove_stale_temporaries(path: Path) -> None:
+    """Remove the temporaries of ``path`` left by writers that no signal could stop (SIGKILL, the OOM
+    killer, a power cut): those whose process no longer exists and that have not changed for ``STALE_S``
+    seconds. Called after each complete write of ``path``; a temporary of a live writer, of another
+    user's process, or of a name this module did not make is left alone."""
+    prefix = f".{path.name}."
+    now = time.time()
+    with contextlib.suppress(OSError):                          # an unreadable folder: nothing to tidy
+        for entry in os.scandir(path.parent):
+            if not (entry.name.startswith(prefix) and entry.name.endswith(".tmp")):
+                continue
+            pid_random = entry.name[len(prefix):-len(".tmp")].split(".")   # mkstemp's random part has no dots
+            if len(pid_random) != 2 or not pid_random[0].isdigit() or not entry.is_file(follow_symlinks=False):
+                continue
+            try:
+                os.kill(int(pid_random[0]), 0)
+                continue                                        # its writer runs
+            except ProcessLookupError:
+                pass
+            except (OSError, OverflowError):                    # another user's process; no such pid
+                continue
+            with contextlib.suppress(OSError):
+                if now - entry.stat(follow_symlinks=False).st_mtime >= STALE_S:
+                    os.unlink(entry.path)
 
 
 @contextlib.contextmanager

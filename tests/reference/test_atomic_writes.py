@@ -708,3 +708,43 @@ def test_a_signal_put_off_in_a_del_is_pending_until_taken_once(monkeypatch):
         atomic._pending.discard(signal.SIGUSR1)   # whatever failed above, no retry may land on the default action
         time.sleep(0.1)
         signal.signal(signal.SIGUSR1, previous)
+
+
+def test_a_temporary_left_by_a_killed_writer_is_removed_by_a_later_write(tmp_path, monkeypatch):
+    """SIGKILL (the OOM killer) cannot be caught: its writer's temporary stays. The next complete write of the
+    same file removes it once ``STALE_S`` old, and leaves a live writer's, a fresh one and others' files.
+    Before: every such temporary stayed for good (a server killed while saving a large cache, each time)."""
+    import reference.atomic as atomic
+
+    out = tmp_path / "out"
+    code = ("import sys; from reference.atomic import atomic_write\n"
+            "with atomic_write(sys.argv[1]) as f: f.write(b'x' * 1000)")
+    env = {**os.environ, HOLD_ENV: "60", "PYTHONPATH": str(ROOT)}
+    killed = subprocess.Popen([sys.executable, "-c", code, str(out)], env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob(".out.*.tmp")):
+            assert killed.poll() is None and time.monotonic() < deadline, "the writer made no temporary"
+            time.sleep(0.05)
+        killed.kill()
+        killed.wait(timeout=60)
+    finally:
+        if killed.poll() is None:
+            killed.kill()
+    [left] = tmp_path.glob(".out.*.tmp")
+    assert left.name.startswith(f".out.{killed.pid}.")
+    live = tmp_path / f".out.{os.getpid()}.abc123.tmp"        # this process is alive
+    other = tmp_path / ".other.1.abc123.tmp"                   # another file's
+    for p in (live, other):
+        p.write_bytes(b"")
+    old = time.time() - atomic.STALE_S - 1
+    for p in (left, live, other):
+        os.utime(p, (old, old))
+    monkeypatch.setattr(atomic, "STALE_S", 10 ** 9)           # younger than STALE_S: kept
+    with atomic_write(out) as f:
+        f.write(b"a")
+    assert left.exists()
+    monkeypatch.undo()
+    with atomic_write(out) as f:
+        f.write(b"b")
+    assert not left.exists() and live.exists() and other.exists() and out.read_bytes() == b"b"
