@@ -6,7 +6,11 @@ its content is written in our format to the user's cache directory (:mod:`mlx_ba
 in ``converted/``, named by the file's absolute path and its identity: size, modification time and
 SHA-256 of its first and last MiB. A later load of the same unchanged file maps that copy; a changed
 file (another size, time or head/tail) is read again and its copy replaced. Only the newest copy of
-each path is kept. A copy that cannot be written (read-only or full cache directory) is skipped: the
+each path is kept, and the folder is bounded: after a copy is written, the least recently used copies
+(by modification time; a reuse touches its copy) are deleted until the folder holds at most
+``MAX_BYTES`` (``NGRAM_SPEC_CONVERTED_MAX_BYTES``, default 4 GiB, about 24 copies of a 171 MiB static
+cache; the copy just written is always kept), so copies of files deleted or changed long ago do not
+accumulate. A copy that cannot be written (read-only or full cache directory) is skipped: the
 load itself has succeeded. A copy that fails our format's checks is deleted and the file read again.
 
 >>> import os, tempfile
@@ -21,6 +25,7 @@ load itself has succeeded. A copy that fails our format's checks is deleted and 
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -35,6 +40,8 @@ from mlx_backend.machine.user_cache import cache_dir
 FOLDER = "converted"
 ENV_OFF = "NGRAM_SPEC_NO_CONVERTED_COPY"  # set to 1: never write or use copies
 PART = 1 << 20  # bytes hashed at each end of the file
+ENV_MAX_BYTES = "NGRAM_SPEC_CONVERTED_MAX_BYTES"
+MAX_BYTES = 4 << 30  # the folder's bound when ENV_MAX_BYTES is unset
 log = logging.getLogger("ngram_spec.cache")  # the command line prints its records on stderr
 
 
@@ -60,7 +67,7 @@ def load_via_copy(path: str | os.PathLike, verify: bool = False):
         cache = read_llama(path)
         cache.converted_copy = None
         return cache
-    copy = copy_path(path)
+    bound, copy = max_bytes(), copy_path(path)   # a bad bound is refused before the file is read
     if copy.is_file():
         try:
             cache = open_ours(copy, verify=verify)
@@ -69,6 +76,8 @@ def load_via_copy(path: str | os.PathLike, verify: bool = False):
         except FileNotFoundError:  # removed since is_file() by another process (a newer version's cleanup)
             pass
         else:
+            with contextlib.suppress(OSError):  # recently used: the folder's bound deletes it last
+                os.utime(copy)
             cache.source, cache.converted_copy = str(path), (copy, "reused")
             log.info("%s is in llama.cpp's format: mapped its copy in our format %s (written by an earlier "
                      "load; %s=1 reads the file instead)", path, copy, ENV_OFF)
@@ -86,7 +95,40 @@ def load_via_copy(path: str | os.PathLike, verify: bool = False):
     for old in copy.parent.glob(copy.name.split("-")[0] + "-*.ngc"):  # earlier versions of this path
         if old != copy:
             old.unlink(missing_ok=True)
+    _bound_folder(copy, bound)
     cache.converted_copy = (copy, "written")
     log.info("%s is in llama.cpp's format: read in %.2f s and kept in our format as %s, which later loads "
              "map in milliseconds (%s=1: no copies)", path, seconds, copy, ENV_OFF)
     return cache
+
+
+def max_bytes() -> int:
+    """The folder's bound in bytes: ``NGRAM_SPEC_CONVERTED_MAX_BYTES`` (an integer >= 0), else ``MAX_BYTES``."""
+    value = os.environ.get(ENV_MAX_BYTES, "")
+    if not value:
+        return MAX_BYTES
+    try:
+        bound = int(value)
+    except ValueError:
+        bound = -1
+    if bound < 0:
+        raise ValueError(f"{ENV_MAX_BYTES}={value!r}: the converted copies' bound must be a number of bytes "
+                         f">= 0 (e.g. {MAX_BYTES} for 4 GiB); unset it for that default")
+    return bound
+
+
+def _bound_folder(keep: Path, bound: int) -> None:
+    """Delete the least recently used copies in ``keep``'s folder (oldest modification time first) until
+    it holds at most ``bound`` bytes; ``keep`` (the copy just written) is never deleted."""
+    copies = []
+    for p in keep.parent.glob("*.ngc"):
+        with contextlib.suppress(OSError):           # removed meanwhile by another process
+            st = p.stat()
+            copies.append((st.st_mtime_ns, st.st_size, p))
+    total = sum(size for _, size, _ in copies)
+    for _, size, p in sorted(copies, key=lambda c: c[:2]):
+        if total <= bound:
+            break
+        if p != keep:
+            p.unlink(missing_ok=True)
+            total -= size

@@ -395,6 +395,41 @@ def test_converted_copy_off_unwritable_or_bad_file(tmp_path, monkeypatch):
     assert _copies(tmp_path / "user") == []
 
 
+def test_the_converted_copies_folder_keeps_the_recently_used_copies_within_its_bound(tmp_path, monkeypatch):
+    """Copies of three files a, b, c under a bound that holds two: after a, b, a reused (touched), c written,
+    b (the least recently used) is gone and a, c are kept; a bound of 0 keeps the copy just written only; a
+    bound that is not a byte count is refused before the file is read. Before: every copy stayed for good."""
+    import os
+
+    from mlx_backend.ngram import converted_copy
+
+    user = tmp_path / "user"
+    monkeypatch.setenv("NGRAM_SPEC_CACHE_DIR", str(user))
+    paths = {}
+    for i, name in enumerate("abc"):
+        paths[name] = tmp_path / f"{name}.bin"
+        api.save_cache(api.build_static(np.array([1, 2, 3 + i] * 40, np.int32)), paths[name])
+    copy = {name: converted_copy.copy_path(p) for name, p in paths.items()}
+    api.load_cache(paths["a"]), api.load_cache(paths["b"])
+    size = {name: copy[name].stat().st_size for name in "ab"}
+    past = copy["a"].stat().st_mtime_ns - 10 ** 9   # mtime resolution: make the order plain
+    os.utime(copy["a"], ns=(past - 10 ** 9, past - 10 ** 9))
+    os.utime(copy["b"], ns=(past, past))
+    assert api.load_cache(paths["a"]).converted_copy[1] == "reused"             # a is now the most recent
+    monkeypatch.setenv(converted_copy.ENV_MAX_BYTES, str(size["a"] + size["b"] + 8))
+    assert api.load_cache(paths["c"]).converted_copy[1] == "written"
+    assert _copies(user) == sorted([copy["a"], copy["c"]])
+    monkeypatch.setenv(converted_copy.ENV_MAX_BYTES, "0")
+    api.save_cache(api.build_static(np.array([7, 8, 9] * 40, np.int32)), paths["b"])
+    assert api.load_cache(paths["b"]).converted_copy[1] == "written"
+    assert _copies(user) == [converted_copy.copy_path(paths["b"])]
+    monkeypatch.setenv(converted_copy.ENV_MAX_BYTES, "4GiB")
+    with mock.patch.object(converted_copy, "read_llama") as read:
+        with pytest.raises(ValueError, match="NGRAM_SPEC_CONVERTED_MAX_BYTES='4GiB'.*number of bytes"):
+            api.load_cache(paths["c"])
+    assert not read.called
+
+
 def test_header_size_field_is_checked(ours_file, load):
     """A header whose header-size field is not 384 (its checksum recomputed, so only that field is wrong) is
     refused: the arrays' offsets are read against a header of the documented size."""
