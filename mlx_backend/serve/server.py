@@ -36,6 +36,7 @@ import argparse
 import collections
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -59,6 +60,7 @@ from mlx_lm.models.cache import LRUPromptCache
 from mlx_lm.utils import maybe_set_recommended_wired_limit
 
 from reference.drafter import Drafter
+from reference.ngram.ours_file import tokenizer_fingerprint
 from mlx_backend.ngram.api import HashTable, as_table, load_cache
 from mlx_backend.ngram.dynamic_cache import load_dynamic, save_dynamic
 from mlx_backend.batch.server_batch import RowPlan, RowReport, SpeculativeBatchGenerator, batch_unsupported
@@ -260,8 +262,9 @@ class NgramSpeculator:
     shutdown. Suffix histories (``SuffixHistory``, at most ``history_max_tokens`` tokens each; 0: none)
     hold each completed request's prompt followed by its output, scoped like ``c_dyn``, for the ``suffix``
     and ``auto`` drafters; in memory, or kept in ``history`` (a file, or with ``scope="user"`` a directory)
-    like the dynamic caches in ``dynamic`` (:mod:`mlx_backend.suffix.history_file`). ``drafter``: the
-    drafter requests get unless they name one.
+    like the dynamic caches in ``dynamic`` (:mod:`mlx_backend.suffix.history_file`), each recording the served
+    tokenizer once :meth:`use_tokenizer` has named it (until then: unknown, as in the Python API; nothing
+    checked). ``drafter``: the drafter requests get unless they name one.
     """
 
     def __init__(self, *, draft_max: Optional[int] = None, speculative: bool = True, static=None,
@@ -298,6 +301,7 @@ class NgramSpeculator:
             self.c_dyn[None] = as_table(load_dynamic(self.path), copy=False)
         self.history_path = None if history is None else Path(history)
         self._dirty_histories: set = set()
+        self.tokenizer = dict(vocab_size=None, fingerprint=None, n_vocab=None)   # use_tokenizer's; None: unknown
         if self.history_path is not None and scope == "user":
             self.history_path.mkdir(parents=True, exist_ok=True)
             check_user_files(self.history_path, "--history", ".history", read_history, "suffix history")
@@ -313,6 +317,24 @@ class NgramSpeculator:
         self._queue_max = 0.0  # the longest wait of a request before its prompt began
         self._since_save = 0
         self._next_save = 0.0   # no periodic save before this time (_clock; SAVE_SHARE)
+
+    def use_tokenizer(self, vocab_size: Optional[int], fingerprint: Optional[bytes],
+                      n_vocab: Optional[int] = None) -> None:
+        """The served tokenizer's ``vocab_size`` and ``fingerprint``
+        (:func:`reference.ngram.ours_file.tokenizer_fingerprint`) and the token ids its model takes (``n_vocab``),
+        known once the model is loaded, after the files were checked at start: recorded in every history saved
+        from now on, and every history file read is checked against them
+        (:func:`mlx_backend.suffix.history_file.read_history`, the cache files' rule): the server's, or every
+        user's, now (arrays only, not indexed); a user's again at their first request. A file of another
+        tokenizer is a ``ValueError`` naming it, as a damaged one is (``serve``: one line, exit status 2, before
+        the first request); one recording no tokenizer (written before this check) is checked by its ids only.
+        Before, it was read silently and every draft from it meant other text."""
+        self.tokenizer = dict(vocab_size=vocab_size, fingerprint=fingerprint, n_vocab=n_vocab)
+        if self.history_path is not None and self.scope == "user":
+            check_user_files(self.history_path, "--history", ".history",
+                             functools.partial(read_history, **self.tokenizer), "suffix history")
+        elif self.history_path is not None and self.history_path.exists():
+            read_history(self.history_path, **self.tokenizer)
 
     def make_cache(self) -> list:
         """mlx-lm appends the draft model's cache to the model's (``make_prompt_cache``): none here."""
@@ -343,7 +365,8 @@ class NgramSpeculator:
         if key not in self.histories:
             self.histories[key] = self._new_history()
             if self.history_path is not None and self.scope == "user":
-                load_history(_scope_file(self.history_path, user, ".history"), self.histories[key])
+                load_history(_scope_file(self.history_path, user, ".history"), self.histories[key],
+                             **self.tokenizer)
         history = self.histories[key]
         self._used(key)
         return history
@@ -463,7 +486,9 @@ class NgramSpeculator:
                     self.totals["dynamic_saves"] += 1
         if self.history_path is not None:
             self._write_changed("suffix history", self.history_path, ".history", self._dirty_histories, failures,
-                                only, lambda path, key: save_history(path, self.histories[key]))
+                                only, lambda path, key: save_history(path, self.histories[key],
+                                                                     self.tokenizer["vocab_size"],
+                                                                     self.tokenizer["fingerprint"]))
         if only is None:
             self._since_save = 0
         if failures:
@@ -1142,6 +1167,8 @@ def run_serve(args) -> int:
                                  history=args.history, max_users=args.max_users)
     dtype = None if args.dtype in (None, "auto") else args.dtype
     model, tokenizer, desc = load_model(args.model, dtype)
+    if speculator.history_path is not None:   # a history file of another tokenizer: refused before serving
+        speculator.use_tokenizer(*tokenizer_fingerprint(tokenizer), n_vocab=vocab_size(model))
     # as mlx_lm.server's main (bypassed here): on Metal, wire the recommended working set for the server's life
     # (the batched path has no per-request wired_limit); a no-op on the CPU
     maybe_set_recommended_wired_limit()

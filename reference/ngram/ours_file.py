@@ -81,15 +81,15 @@ def check_file_tokenizer(tokenizer, *paths: str | os.PathLike | None) -> None:
 
 
 def tokenizer_mismatch(cache_vocab: int, cache_fingerprint: bytes, vocab_size: int | None,
-                       fingerprint: bytes | None) -> str | None:
+                       fingerprint: bytes | None, fix: str = "rebuild the cache with this tokenizer") -> str | None:
     """Why a cache recording tokenizer ``(cache_vocab, cache_fingerprint)`` (0 / zeros: unknown) must not
-    be used with tokenizer ``(vocab_size, fingerprint)`` (None: unknown), or None if it may."""
+    be used with tokenizer ``(vocab_size, fingerprint)`` (None: unknown), or None if it may; the reason ends
+    with ``fix`` (the suffix histories of ``serve --history`` follow the same rule with their own fix)."""
     if vocab_size and cache_vocab and cache_vocab != vocab_size:
-        return (f"built for a vocabulary of {cache_vocab} tokens, the tokenizer in use has {vocab_size}: "
-                "rebuild the cache with this tokenizer")
+        return f"built for a vocabulary of {cache_vocab} tokens, the tokenizer in use has {vocab_size}: {fix}"
     if fingerprint and any(cache_fingerprint) and bytes(fingerprint) != bytes(cache_fingerprint):
         return (f"built with another tokenizer (fingerprint {bytes(cache_fingerprint).hex()[:16]}..., in use "
-                f"{bytes(fingerprint).hex()[:16]}...): rebuild the cache with this tokenizer")
+                f"{bytes(fingerprint).hex()[:16]}...): {fix}")
     return None
 
 

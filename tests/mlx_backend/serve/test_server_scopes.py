@@ -214,6 +214,73 @@ def test_the_users_histories_are_checked_at_start_without_being_indexed(tmp_path
     assert again.history_for("alice").sequences == [[5, 6, 7, 5, 6, 7]] and added == [1]
 
 
+A, B = bytes(range(32)), bytes(range(1, 33))     # two tokenizers' fingerprints
+
+
+def test_a_history_file_of_another_tokenizer_is_refused_before_the_first_request(tmp_path):
+    """Before: ``--history`` read a history written while serving another model (another tokenizer) silently, in
+    either scope, and every draft from it meant other text. Now the server records its tokenizer in the files it
+    saves and refuses another's once it knows its own (``use_tokenizer``, before the first request); a file of
+    the same tokenizer keeps its sequences."""
+    from mlx_backend.serve.server import NgramSpeculator, RequestSpec
+
+    path, folder = tmp_path / "history", tmp_path / "users"
+    for scope, where in (("server", path), ("user", folder)):
+        first = NgramSpeculator(history=str(where), scope=scope)
+        first.use_tokenizer(50, A, n_vocab=64)
+        first.finish(RequestSpec(True, 4, "alice"), [5, 6, 7, 5, 6, 7], 2, completed=True)
+        first.save()
+        file = path if scope == "server" else user_file(folder, "alice", ".history")
+        again = NgramSpeculator(history=str(where), scope=scope)     # the model not loaded yet: not known
+        with pytest.raises(ValueError, match="give --history another path, or delete the file") as info:
+            again.use_tokenizer(50, B, n_vocab=64)
+        assert str(file) in str(info.value) and f"fingerprint {A.hex()[:16]}..., in use {B.hex()[:16]}..." in \
+            str(info.value), info.value
+        same = NgramSpeculator(history=str(where), scope=scope)
+        same.use_tokenizer(50, A, n_vocab=64)
+        assert same.history_for("alice").sequences == [[5, 6, 7, 5, 6, 7]]
+
+
+def test_a_history_file_that_records_no_tokenizer_is_still_read(tmp_path):
+    """Files saved before tokenizers were recorded (two arrays): read as a cache file with an all-zero
+    fingerprint is, in either scope; saved again, they record the served tokenizer."""
+    import numpy as np
+
+    from mlx_backend.serve.server import NgramSpeculator, RequestSpec
+
+    path, folder = tmp_path / "history", tmp_path / "users"
+    folder.mkdir()
+    for file in (path, user_file(folder, "alice", ".history")):
+        with open(file, "wb") as f:
+            np.savez(f, tokens=np.array([5, 6, 7, 8], np.int32), lengths=np.array([4]))
+    for scope, where, file in (("server", path, path), ("user", folder, user_file(folder, "alice", ".history"))):
+        speculator = NgramSpeculator(history=str(where), scope=scope)
+        speculator.use_tokenizer(50, A, n_vocab=64)
+        assert speculator.history_for("alice").sequences == [[5, 6, 7, 8]]
+        speculator.finish(RequestSpec(True, 4, "alice"), [1, 2, 3], 2, completed=True)
+        speculator.save()
+        with np.load(file) as archive:
+            assert int(archive["vocab_size"]) == 50 and archive["fingerprint"].tobytes() == A
+
+
+def test_serve_refuses_a_history_of_another_tokenizer_in_one_line(llama, tmp_path, capsys, monkeypatch):
+    """End to end: the model's tokenizer is checked once it is loaded, before the server listens: one line, exit
+    status 2 (as a damaged history file), the file left as it was."""
+    import numpy as np
+    from mlx_lm import server as mlx_server
+
+    monkeypatch.setattr(mlx_server, "_run_http_server", lambda *a, **k: pytest.fail("the server was started"))
+    history = tmp_path / "history"
+    with open(history, "wb") as f:    # the file format (mlx_backend/suffix/history_file.py), written by hand
+        np.savez(f, tokens=np.array([5, 6, 7], np.int32), lengths=np.array([3]), vocab_size=np.int64(0),
+                 fingerprint=np.frombuffer(A, np.uint8))
+    content = history.read_bytes()
+    assert main(["serve", "--blas", "bundled", "--model", str(llama), "--history", str(history)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{history}: built with another tokenizer (fingerprint {A.hex()[:16]}" in err, err
+    assert "Traceback" not in err and history.read_bytes() == content
+
+
 def test_the_start_line_names_the_history_file_and_its_bound(llama, tmp_path):
     """Before: ``suffix history 1000, PATH tokens``."""
     from test_server import free_port  # tests/mlx_backend/serve/test_server.py

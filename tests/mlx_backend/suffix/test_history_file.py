@@ -80,3 +80,49 @@ def test_a_file_that_is_not_a_history_is_refused_by_name(tmp_path, write, words)
         load_history(path, SuffixHistory(10))
     assert str(path) in str(info.value)
     assert "pickle" not in str(info.value)     # numpy's advice to load the file unsafely is not passed on
+
+
+A, B = bytes(range(32)), bytes(range(1, 33))     # two tokenizers' fingerprints
+
+
+def test_a_history_of_another_tokenizer_is_refused_by_name(tmp_path):
+    """Before: read silently whatever tokenizer it was written with (``serve --history`` after switching models):
+    its ids meant other text, and every draft from it was rejected. Now the cache files' rule: another recorded
+    vocabulary size or fingerprint is a ``ValueError`` naming the file, both tokenizers and the fix."""
+    from mlx_backend.suffix.history_file import read_history
+
+    saved = SuffixHistory(100)
+    saved.add([1, 2, 3])
+    path = tmp_path / "history"
+    save_history(path, saved, vocab_size=50, fingerprint=A)
+    for facts, words in (((50, B), f"fingerprint {A.hex()[:16]}..., in use {B.hex()[:16]}..."),
+                         ((60, A), "built for a vocabulary of 50 tokens, the tokenizer in use has 60")):
+        for read in (lambda: load_history(path, SuffixHistory(100), *facts), lambda: read_history(path, *facts)):
+            with pytest.raises(ValueError, match="give --history another path, or delete the file") as info:
+                read()
+            assert str(info.value).startswith(f"{path}: ") and words in str(info.value), info.value
+
+
+def test_a_history_of_the_same_tokenizer_loads_with_its_sequences(tmp_path):
+    saved = SuffixHistory(100)
+    saved.add([1, 2, 3])
+    saved.add([49, 0])
+    path = tmp_path / "history"
+    save_history(path, saved, vocab_size=50, fingerprint=A)
+    with np.load(path) as archive:
+        assert int(archive["vocab_size"]) == 50 and archive["fingerprint"].tobytes() == A
+    assert load_history(path, SuffixHistory(100), 50, A, n_vocab=64).sequences == [[1, 2, 3], [49, 0]]
+    assert load_history(path, SuffixHistory(100)).sequences == [[1, 2, 3], [49, 0]]     # no tokenizer known
+
+
+def test_a_history_written_before_tokenizers_were_recorded_still_loads(tmp_path):
+    """A file of two arrays records no tokenizer: read with any, as a cache file whose fingerprint is all zero
+    (unknown); only its ids can show it is another's, and an id neither the tokenizer nor the model has is
+    refused."""
+    path = tmp_path / "history"
+    _npz(path, tokens=np.array([1, 2, 3, 63], np.int32), lengths=np.array([3, 1]))
+    assert load_history(path, SuffixHistory(100), 50, A, n_vocab=64).sequences == [[1, 2, 3], [63]]
+    with pytest.raises(ValueError, match="token id 63 is outside the ids the tokenizer and model in use take "
+                                         r"\(0..49\): .*give --history another path") as info:
+        load_history(path, SuffixHistory(100), 50, A)
+    assert str(info.value).startswith(f"{path}: ")
