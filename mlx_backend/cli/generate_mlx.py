@@ -53,6 +53,7 @@ def run_generate(args) -> int:
     from mlx_backend.decode.draft_policy import DEFAULT_K_MAX, SEEDED_DRAFT_MAX
     from mlx_backend.decode.generate import SpecStats
     from mlx_backend.ngram.dynamic_cache import save_dynamic
+    from reference.ngram.ours_file import tokenizer_fingerprint
 
     if args.seed is not None and args.temp > 0 and args.draft_max is None and not args.no_spec:
         args.draft_max = SEEDED_DRAFT_MAX   # the seed then reproduces the text (draft_policy.SEEDED_DRAFT_MAX)
@@ -74,7 +75,7 @@ def run_generate(args) -> int:
     run.check()
     run.close()
     if drafter is not None and args.dynamic and run.rank == 0:
-        save_dynamic(args.dynamic, c_dyn, lookup_part(drafter).c_ctx)
+        save_dynamic(args.dynamic, c_dyn, lookup_part(drafter).c_ctx, tokenizer=tokenizer_fingerprint(tokenizer))
         print(f"saved the dynamic cache to {args.dynamic}", file=sys.stderr)
     if not args.no_spec and args.draft_max is None:
         print(_describe_costs(args, model, stats), file=sys.stderr)

@@ -42,13 +42,18 @@ def load_dynamic(path: str | os.PathLike, api: ModuleType | None = None):
     return api.load_cache(path)
 
 
-def save_dynamic(path: str | os.PathLike, c_dyn, c_ctx, api: ModuleType | None = None, *, ours: bool = False):
+def save_dynamic(path: str | os.PathLike, c_dyn, c_ctx, api: ModuleType | None = None, *, ours: bool = False,
+                 tokenizer: tuple[int, bytes] | None = None):
     """Merge ``c_ctx`` into (a copy of) ``c_dyn``, write it to ``path`` atomically, return it. The file
     keeps its format: a file of our format is written in ours, any other (or a new one) in llama.cpp's;
-    ``ours`` (the mlx backend): always in ours, which later loads map without a converted copy."""
+    ``ours`` (the mlx backend): always in ours, which later loads map without a converted copy. A file of
+    our format records ``tokenizer`` (``(vocab_size, fingerprint)``, the one the ids are of; None: what the
+    caches record), so that a later run with another tokenizer refuses it (llama.cpp's format has no room)."""
     api = _api(api)
     learned = api.merge_caches([c for c in (c_dyn, c_ctx) if c is not None])
     if hasattr(api, "detect_format") and (ours or Path(path).is_file() and api.detect_format(path) == "ours"):
+        if tokenizer is not None:
+            learned.vocab_size, learned.fingerprint = tokenizer
         api.save_cache(learned, path, format="ours")
     else:
         api.save_cache(learned, path)  # both backends write through reference.atomic.atomic_write

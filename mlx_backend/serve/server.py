@@ -60,7 +60,7 @@ from mlx_lm.models.cache import LRUPromptCache
 from mlx_lm.utils import maybe_set_recommended_wired_limit
 
 from reference.drafter import Drafter
-from reference.ngram.ours_file import tokenizer_fingerprint
+from reference.ngram.ours_file import check_file_tokenizer, tokenizer_fingerprint
 from mlx_backend.ngram.api import HashTable, as_table, load_cache
 from mlx_backend.ngram.dynamic_cache import load_dynamic, save_dynamic
 from mlx_backend.batch.server_batch import RowPlan, RowReport, SpeculativeBatchGenerator, batch_unsupported
@@ -290,7 +290,7 @@ class NgramSpeculator:
         self.max_users = max_users
         self._recent: collections.OrderedDict = collections.OrderedDict()
         self.histories: dict[Optional[str], Any] = {}
-        self.c_st = None if static is None else load_cache(static)
+        self.static_path, self.c_st = static, None if static is None else load_cache(static)
         self.path = None if dynamic is None else Path(dynamic)
         self.c_dyn: dict[Optional[str], Any] = {}
         self._dirty: set = set()
@@ -322,19 +322,46 @@ class NgramSpeculator:
                       n_vocab: Optional[int] = None) -> None:
         """The served tokenizer's ``vocab_size`` and ``fingerprint``
         (:func:`reference.ngram.ours_file.tokenizer_fingerprint`) and the token ids its model takes (``n_vocab``),
-        known once the model is loaded, after the files were checked at start: recorded in every history saved
-        from now on, and every history file read is checked against them
+        known once the model is loaded, after the files were checked at start: recorded in every history, and
+        every dynamic cache of our format, saved from now on; the cache files are checked against them now
+        (:meth:`_check_cache_files`), and every history file read
         (:func:`mlx_backend.suffix.history_file.read_history`, the cache files' rule): the server's, or every
         user's, now (arrays only, not indexed); a user's again at their first request. A file of another
         tokenizer is a ``ValueError`` naming it, as a damaged one is (``serve``: one line, exit status 2, before
         the first request); one recording no tokenizer (written before this check) is checked by its ids only.
         Before, it was read silently and every draft from it meant other text."""
         self.tokenizer = dict(vocab_size=vocab_size, fingerprint=fingerprint, n_vocab=n_vocab)
+        self._check_cache_files()
         if self.history_path is not None and self.scope == "user":
             check_user_files(self.history_path, "--history", ".history",
                              functools.partial(read_history, **self.tokenizer), "suffix history")
         elif self.history_path is not None and self.history_path.exists():
             read_history(self.history_path, **self.tokenizer)
+
+    def _check_cache_files(self) -> None:
+        """The n-gram cache files against the served tokenizer, as ``generate`` checks its own
+        (:func:`reference.ngram.ours_file.check_file_tokenizer`, headers only): ``--static``, the ``--dynamic``
+        file or every user's. A file of our format recording another tokenizer is a ``ValueError`` naming it;
+        llama.cpp's format records none. Before, ``serve`` drafted from it silently (``generate`` refused it)."""
+        in_use = (self.tokenizer["vocab_size"], self.tokenizer["fingerprint"])
+        if self.static_path is not None:
+            try:
+                check_file_tokenizer(in_use, self.static_path)
+            except ValueError as exc:
+                raise ValueError(f"--static: {exc}") from None
+        if self.path is not None and self.scope == "user":
+            check_user_files(self.path, "--dynamic", ".ngram", lambda f: check_file_tokenizer(in_use, f),
+                             "dynamic cache")
+        elif self.path is not None:
+            try:
+                check_file_tokenizer(in_use, self.path)
+            except ValueError as exc:
+                raise ValueError(f"--dynamic: {exc}; or give --dynamic another path") from None
+
+    def _recorded(self) -> Optional[tuple]:
+        """``(vocab_size, fingerprint)`` for a cache file to record: the served tokenizer's, once known."""
+        known = self.tokenizer["vocab_size"] is not None
+        return (self.tokenizer["vocab_size"], self.tokenizer["fingerprint"]) if known else None
 
     def make_cache(self) -> list:
         """mlx-lm appends the draft model's cache to the model's (``make_prompt_cache``): none here."""
@@ -480,7 +507,8 @@ class NgramSpeculator:
             # to start with 9,000 users) and left a converted copy of itself in the user's cache directory
             saved = self._write_changed("dynamic n-gram cache", self.path, ".ngram", self._dirty, failures, only,
                                         lambda path, key: save_dynamic(path, self.c_dyn[key], None,
-                                                                       ours=self.scope == "user"))
+                                                                       ours=self.scope == "user",
+                                                                       tokenizer=self._recorded()))
             if saved:
                 with self.lock:
                     self.totals["dynamic_saves"] += 1
@@ -1167,8 +1195,8 @@ def run_serve(args) -> int:
                                  history=args.history, max_users=args.max_users)
     dtype = None if args.dtype in (None, "auto") else args.dtype
     model, tokenizer, desc = load_model(args.model, dtype)
-    if speculator.history_path is not None:   # a history file of another tokenizer: refused before serving
-        speculator.use_tokenizer(*tokenizer_fingerprint(tokenizer), n_vocab=vocab_size(model))
+    # cache and history files of another tokenizer: refused before serving
+    speculator.use_tokenizer(*tokenizer_fingerprint(tokenizer), n_vocab=vocab_size(model))
     # as mlx_lm.server's main (bypassed here): on Metal, wire the recommended working set for the server's life
     # (the batched path has no per-request wired_limit); a no-op on the CPU
     maybe_set_recommended_wired_limit()

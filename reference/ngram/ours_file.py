@@ -63,19 +63,31 @@ def detect_format(path: str | os.PathLike) -> str:
     return "ours" if head == MAGIC else "llama"
 
 
+def file_tokenizer(path: str | os.PathLike) -> tuple[int, bytes] | None:
+    """The ``(vocab_size, fingerprint)`` the header of cache file ``path`` records, or None for a file that is
+    not of our format (llama.cpp's records no tokenizer) or too short to hold a header."""
+    with open(path, "rb") as f:
+        head = f.read(PREFIX.size)
+    if len(head) < PREFIX.size or not head.startswith(MAGIC):
+        return None
+    *_, cache_vocab, cache_fingerprint = PREFIX.unpack(head)
+    return cache_vocab, cache_fingerprint
+
+
 def check_file_tokenizer(tokenizer, *paths: str | os.PathLike | None) -> None:
     """Refuse a cache file of our format that records another tokenizer than ``tokenizer`` (anything
-    :func:`tokenizer_fingerprint` takes; None: unknown, nothing checked). Only headers are read; paths
-    that are None or missing are skipped, and llama.cpp's format records no tokenizer."""
+    :func:`tokenizer_fingerprint` takes, or its ``(vocab_size, fingerprint)``; None: unknown, nothing
+    checked). Only headers are read (:func:`file_tokenizer`); paths that are None or missing are skipped."""
+    in_use = None
     for path in paths:
         if tokenizer is None or path is None or not os.path.isfile(path):
             continue
-        with open(path, "rb") as f:
-            head = f.read(PREFIX.size)
-        if len(head) < PREFIX.size or not head.startswith(MAGIC):
+        recorded = file_tokenizer(path)
+        if recorded is None:
             continue
-        *_, cache_vocab, cache_fingerprint = PREFIX.unpack(head)
-        problem = tokenizer_mismatch(cache_vocab, cache_fingerprint, *tokenizer_fingerprint(tokenizer))
+        if in_use is None:   # once: a fingerprint hashes the whole vocabulary
+            in_use = tokenizer if isinstance(tokenizer, tuple) else tokenizer_fingerprint(tokenizer)
+        problem = tokenizer_mismatch(*recorded, *in_use)
         if problem:
             raise ValueError(f"cache file {path}: {problem}")
 

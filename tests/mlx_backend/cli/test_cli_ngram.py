@@ -299,6 +299,24 @@ def test_create_with_a_tokenizer_records_it_and_generate_refuses_another(capsys,
     assert rc == 0, err
 
 
+def test_generate_records_its_tokenizer_in_a_dynamic_cache_of_our_format(capsys, tmp_path):
+    """`generate --backend mlx --dynamic D` with D of our format writes D back recording the model's tokenizer,
+    so a run with another tokenizer refuses it. Before: D recorded none (0 and zeros) and was taken by any."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from mlx_backend.ngram import api as fast
+    from reference.ngram.ours_file import file_tokenizer, tokenizer_fingerprint
+
+    model = tmp_path / "model"
+    assert main(["tiny-model", "--arch", "llama", "--out", str(model)]) == 0
+    dyn = tmp_path / "dyn.ngc"
+    fast.save_cache(fast.build_static([5, 6, 7, 5, 6, 8]), dyn, format="ours")
+    assert file_tokenizer(dyn) == (0, bytes(32))
+    rc, _, err = run(capsys, "generate", "--backend", "mlx", "--model", model, "--prompt", "the cat",
+                     "--max-tokens", 3, "--ignore-chat-template", "--json", "--dynamic", dyn)
+    assert rc == 0, err
+    assert file_tokenizer(dyn) == tokenizer_fingerprint(tokenizers.Tokenizer.from_file(str(model / "tokenizer.json")))
+
+
 def test_generate_refuses_the_static_cache_as_dynamic(capsys, tmp_path):
     static = tmp_path / "s.bin"
     static.write_bytes(V("syn-static.bin").read_bytes())

@@ -241,6 +241,35 @@ def test_a_history_file_of_another_tokenizer_is_refused_before_the_first_request
         assert same.history_for("alice").sequences == [[5, 6, 7, 5, 6, 7]]
 
 
+def test_cache_files_of_another_tokenizer_are_refused_and_the_servers_own_record_its_tokenizer(tmp_path):
+    """Before: ``serve`` drafted silently from a ``--static`` or ``--dynamic`` file of our format built with
+    another tokenizer (``generate`` refused it), and the dynamic caches it saved in our format recorded no
+    tokenizer. Now each is checked once the model is loaded (``use_tokenizer``), and the user-scope caches it
+    saves record the served one, so a server with another model refuses them."""
+    from mlx_backend.ngram import api
+    from mlx_backend.serve.server import NgramSpeculator, RequestSpec
+    from reference.ngram.ours_file import file_tokenizer
+
+    static = tmp_path / "static.ngc"
+    built = api.build_static([1, 2, 3, 1, 2, 4])
+    built.vocab_size, built.fingerprint = 50, A
+    api.save_cache(built, static, format="ours")
+    NgramSpeculator(static=str(static)).use_tokenizer(50, A, n_vocab=64)
+    with pytest.raises(ValueError, match=f"--static: cache file {static}: built with another tokenizer"):
+        NgramSpeculator(static=str(static)).use_tokenizer(50, B, n_vocab=64)
+    with pytest.raises(ValueError, match=f"--dynamic: cache file {static}: built for a vocabulary of 50"):
+        NgramSpeculator(dynamic=str(static)).use_tokenizer(60, A, n_vocab=64)
+    folder = tmp_path / "users"
+    first = NgramSpeculator(dynamic=str(folder), scope="user")
+    first.use_tokenizer(50, A, n_vocab=64)
+    first.finish(RequestSpec(True, 4, "alice"), [5, 6, 7, 5, 6, 7], 2, completed=True)
+    first.save()
+    assert file_tokenizer(user_file(folder, "alice", ".ngram")) == (50, A)
+    with pytest.raises(ValueError, match="--dynamic .*a user's dynamic cache cannot be read .*another tokenizer"):
+        NgramSpeculator(dynamic=str(folder), scope="user").use_tokenizer(50, B, n_vocab=64)
+    NgramSpeculator(dynamic=str(folder), scope="user").use_tokenizer(50, A, n_vocab=64)
+
+
 def test_a_history_file_that_records_no_tokenizer_is_still_read(tmp_path):
     """Files saved before tokenizers were recorded (two arrays): read as a cache file with an all-zero
     fingerprint is, in either scope; saved again, they record the served tokenizer."""
