@@ -319,11 +319,12 @@ def _work(archs: list[str], send) -> None:
 
 
 def start_method() -> str:
-    """``fork`` on Linux (the worker shares this process's imports); ``spawn`` elsewhere: on macOS this
-    process has loaded Metal and the Objective-C runtime by now (importing ``mlx_lm.generate`` makes its
-    generation stream), which a forked child cannot use safely (it may crash or hang: why Python's default
-    there is ``spawn``)."""
-    return "fork" if sys.platform.startswith("linux") else "spawn"
+    """``spawn`` everywhere (the worker imports mlx and mlx-lm itself: a few seconds, once per worker). A forked
+    child of a process that has evaluated anything with mlx hangs at its own first evaluation (mlx 0.32 on
+    Linux: every architecture "timed out ... building the model" when the caller had run mlx before, a test
+    process for one); on macOS this process has loaded Metal and the Objective-C runtime by now (importing
+    ``mlx_lm.generate`` makes its generation stream), which a forked child cannot use safely either."""
+    return "spawn"
 
 
 def check_all(archs: list[str], timeout: float):
@@ -432,9 +433,10 @@ def main(argv=None) -> int:
         rows.append(row)
     text = render(rows, time.perf_counter() - t0)
     if args.out:
-        tmp = Path(args.out).with_suffix(".md.tmp")
-        tmp.write_text(text)
-        tmp.replace(args.out)
+        from reference.atomic import atomic_write
+
+        with atomic_write(args.out, "w") as f:   # no half-written table, no temporary left by Ctrl-C
+            f.write(text)
     else:
         print(text)
     return 0

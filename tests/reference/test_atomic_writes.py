@@ -6,6 +6,7 @@ temporary file exists, then sends the signal; the old file must be byte-identica
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from child_processes import running
 
 from conformance import vectors
 from reference.atomic import HOLD_ENV, atomic_write, check_outputs
@@ -552,9 +554,10 @@ def test_two_processes_converting_one_file_leave_one_whole_copy(tmp_path, monkey
     save_cache(build_static(np.random.default_rng(0).integers(0, 3000, 300_000).astype(np.int32)), path,
                format="llama")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "NGRAM_SPEC_CACHE_DIR": str(tmp_path / "cache")}
-    procs = [subprocess.Popen([sys.executable, "-c", CONCURRENT_LOAD, str(path)], cwd=ROOT, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
-    outs = [p.communicate(timeout=300) for p in procs]
+    with contextlib.ExitStack() as stack:
+        procs = [stack.enter_context(running([sys.executable, "-c", CONCURRENT_LOAD, str(path)], cwd=ROOT, env=env,
+                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)) for _ in range(2)]
+        outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [e.decode() for _, e in outs]
     assert outs[0][0] == outs[1][0]
     copies = list((tmp_path / "cache" / "converted").iterdir())

@@ -227,14 +227,16 @@ def test_closed_pipe_is_not_an_error():
     import subprocess
     import sys
 
+    from child_processes import running
+
     root = Path(__file__).resolve().parents[3]
     cmd = [sys.executable, "-m", "mlx_backend.cli", "stats", str(root / "reference" / "data" / "persuasion.i32"),
            "--drafts-out", "/dev/stdout"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=root)
-    assert proc.stdout.readline().startswith(b"#")
-    proc.stdout.close()
-    err = proc.stderr.read()
-    assert proc.wait(timeout=300) == 0 and b"error" not in err, err
+    with running(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=root) as proc:
+        assert proc.stdout.readline().startswith(b"#")
+        proc.stdout.close()
+        err = proc.stderr.read()
+        assert proc.wait(timeout=300) == 0 and b"error" not in err, err
 
 
 def test_os_errors_name_the_file(tmp_path, capsys):

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from child_processes import running
 
 from reference.atomic import HOLD_ENV
 
@@ -74,13 +75,14 @@ CHILD = textwrap.dedent('''
 ''')
 
 
-def start(argv, tmp_path: Path, env=None, child=None) -> subprocess.Popen:
+def start(argv, tmp_path: Path, env=None, child=None):
+    """``with start(...) as proc:`` the command (or ``child``) running, killed at the block's end if it still runs."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "NGRAM_SPEC_NO_CONVERTED_COPY": "1", HOLD_ENV: "30", **(env or {})}
     cmd = [sys.executable, *(child or ["-m", "mlx_backend.cli"]), *map(str, argv)]
     # a shell without job control starts background commands with SIGINT ignored, and a Python started so
     # keeps ignoring it (no KeyboardInterrupt): give the child the default disposition a terminal gives
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    return running(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def wait_for(proc: subprocess.Popen, ready, what: str, timeout: float = 120) -> None:
@@ -154,9 +156,9 @@ CREATE_MOMENTS = {
 @pytest.mark.parametrize("moment", CREATE_MOMENTS)
 def test_ctrl_c_during_create_exits_130_with_one_line(tmp_path, inputs, moment):
     out_dir, before = out_folder(tmp_path)
-    proc = start(["create", inputs["tokens"], "-o", out_dir / "out", "--backend", "mlx"], tmp_path)
-    CREATE_MOMENTS[moment](proc, out_dir)
-    rc, err = stop(proc, signal.SIGINT)
+    with start(["create", inputs["tokens"], "-o", out_dir / "out", "--backend", "mlx"], tmp_path) as proc:
+        CREATE_MOMENTS[moment](proc, out_dir)
+        rc, err = stop(proc, signal.SIGINT)
     check_ending(signal.SIGINT, rc, err, "create", out_dir, before)
 
 
@@ -186,10 +188,10 @@ def test_a_signal_inside_a_compiled_kernel_ends_the_command_cleanly(tmp_path, in
     marker = aux / "in-kernel"
     names = {"TOKENS": inputs["tokens"], "SHORT": inputs["short"], "STATIC": inputs["static"], "OUT": out_dir / "out"}
     argv = [names.get(a, a) for a in argv] + ["--backend", "mlx"]
-    proc = start(argv, tmp_path, child=[aux / "child.py", module, function, marker])
-    wait_for(proc, marker.exists, f"called {function}")
-    time.sleep(0.3)  # inside the two-second compiled loop
-    rc, err = stop(proc, signum)
+    with start(argv, tmp_path, child=[aux / "child.py", module, function, marker]) as proc:
+        wait_for(proc, marker.exists, f"called {function}")
+        time.sleep(0.3)  # inside the two-second compiled loop
+        rc, err = stop(proc, signum)
     check_ending(signum, rc, err, argv[0], out_dir, before)
 
 

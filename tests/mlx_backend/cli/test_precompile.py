@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from child_processes import running
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -78,15 +79,15 @@ def test_a_stopped_precompile_leaves_no_temporary_directory(tmp_path, sig, code)
     env = {**os.environ, "TMPDIR": str(tmp), "NGRAM_SPEC_CACHE_DIR": str(tmp_path / "user")}
     # a shell without job control starts background commands with SIGINT ignored, and a Python started so
     # keeps ignoring it: give the child the default disposition, as a terminal would
-    proc = subprocess.Popen([sys.executable, "-m", "mlx_backend.cli", "precompile"], env=env, cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    deadline = time.monotonic() + 120
-    while not list(tmp.glob("ngram-spec-precompile-*/tokens.i32")) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert list(tmp.glob("ngram-spec-precompile-*")), "precompile never made its temporary directory"
-    proc.send_signal(sig)
-    _, err = proc.communicate(timeout=300)
+    with running([sys.executable, "-m", "mlx_backend.cli", "precompile"], env=env, cwd=ROOT,
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) as proc:
+        deadline = time.monotonic() + 120
+        while not list(tmp.glob("ngram-spec-precompile-*/tokens.i32")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert list(tmp.glob("ngram-spec-precompile-*")), "precompile never made its temporary directory"
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=300)
     # Ctrl-C landing inside an extension module's import (the first command imports numba, which imports
     # scipy): main() catches the KeyboardInterrupt and returns 130, yet CPython then ends the process by
     # SIGINT, as after an uncaught one (seen in about half the runs here); a shell shows both as 130

@@ -232,16 +232,20 @@ def test_processes_saving_costs_at_once_keep_every_entry_and_no_temporary(tmp_pa
     """Two processes saving step costs during the same two seconds (generate runs ending together): every
     entry each saved is in the file and no temporary is left (before: a read-modify-write without a lock lost
     entries, and its temporary had a visible name, left behind on SIGTERM)."""
+    import contextlib
     import os
     import subprocess
     import sys
 
+    from child_processes import running
+
     cache, ready = tmp_path / "cache", tmp_path / "ready"
     ready.mkdir()
     env = {**os.environ, "NGRAM_SPEC_CACHE_DIR": str(cache)}
-    procs = [subprocess.Popen([sys.executable, "-c", SAVER, name, str(ready)], env=env, stdout=subprocess.PIPE,
-                              text=True) for name in "ab"]
-    counts = [int(p.communicate(timeout=300)[0]) for p in procs]
+    with contextlib.ExitStack() as stack:
+        procs = [stack.enter_context(running([sys.executable, "-c", SAVER, name, str(ready)], env=env,
+                                             stdout=subprocess.PIPE, text=True)) for name in "ab"]
+        counts = [int(p.communicate(timeout=300)[0]) for p in procs]
     assert [p.returncode for p in procs] == [0, 0] and min(counts) > 10, counts
     stored = json.loads((cache / "step-costs.json").read_text())
     assert sorted(stored) == sorted(f"{name}-{i}" for name, n in zip("ab", counts) for i in range(n))

@@ -24,6 +24,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import child_processes
 import pytest
 
 from mlx_backend.distributed import sharded as distributed
@@ -52,11 +53,12 @@ def launch(args: list[str], tmp_path: Path, timeout: int = LAUNCH_TIMEOUT, check
            ) -> subprocess.CompletedProcess:
     """``mlx.launch --verbose -n 2 --backend ring -- <python> args`` from the repository root, with this
     interpreter's ``mlx.launch`` (:func:`mlx_backend.distributed.sharded.mlx_launch`). ``check``: fail unless
-    every rank exited with status 0 (``mlx.launch`` itself exits 0 either way)."""
+    every rank exited with status 0 (``mlx.launch`` itself exits 0 either way). A timeout (or an exception) kills
+    the ranks too, not the launcher alone (:func:`child_processes.run`)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run([mlx_launch(), "--verbose", "-n", "2", "--backend", "ring", "--starting-port",
-                           str(_free_port_pair()), "--", sys.executable, *args],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = child_processes.run([mlx_launch(), "--verbose", "-n", "2", "--backend", "ring", "--starting-port",
+                                str(_free_port_pair()), "--", sys.executable, *args],
+                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     if check:
         check_ranks(proc)
     return proc

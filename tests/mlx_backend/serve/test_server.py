@@ -16,6 +16,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import child_processes
 import pytest
 
 openai = pytest.importorskip("openai")
@@ -40,7 +41,8 @@ def free_port() -> int:
 
 class Server:
     """``ngram-spec serve ARGS`` (or ``python -m MODULE ARGS``: ``module="mlx_lm", args=("server", ...)``) in a
-    subprocess on a free port; ``stop()`` sends SIGTERM and checks the exit status is 0."""
+    subprocess on a free port; ``stop()`` sends SIGTERM and checks the exit status is 0. A server a test does not
+    ``stop()`` in a ``finally`` runs in ``with Server(...) as server:`` (killed at its end)."""
 
     def __init__(self, *args: str, module: str = "mlx_backend.cli", timeout: float = 240.0, request_timeout: float = 300):
         self.port = free_port()
@@ -48,22 +50,25 @@ class Server:
                                                            os.environ.get("PYTHONPATH", "")]))
         if module == "mlx_backend.cli":
             args = ("serve", *args)
-        self.proc = subprocess.Popen([sys.executable, "-m", module, *args, "--port", str(self.port),
-                                      "--log-level", "WARNING"],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        self.proc = child_processes.start([sys.executable, "-m", module, *args, "--port", str(self.port),
+                                           "--log-level", "WARNING"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          env=env)
         deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.proc.stdout.read().decode()}")
-            try:
-                if self.get("/health")[0] == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                self.proc.kill()
-                raise RuntimeError("server did not start")
-            time.sleep(0.3)
+        try:
+            while True:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"server exited: {self.proc.stdout.read().decode()}")
+                try:
+                    if self.get("/health")[0] == 200:
+                        break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError("server did not start")
+                time.sleep(0.3)
+        except BaseException:
+            child_processes.end(self.proc)
+            raise
         self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="unused", max_retries=0,
                                     timeout=request_timeout)
 
@@ -97,9 +102,19 @@ class Server:
 
     def stop(self, check: bool = True) -> str:
         self.proc.terminate()
-        out = self.proc.communicate(timeout=600)[0].decode()  # a request in progress is finished first
+        try:
+            out = self.proc.communicate(timeout=600)[0].decode()  # a request in progress is finished first
+        finally:
+            child_processes.end(self.proc)
         assert self.proc.returncode == 0 or not check, out
         return out
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        """``with Server(...) as server:`` the server killed with its children at the end if still running."""
+        child_processes.end(self.proc)
 
 
 def chat(server, messages, **kw):

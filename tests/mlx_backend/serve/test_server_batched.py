@@ -302,12 +302,12 @@ def test_a_second_sigterm_while_stopping_is_ignored(models, tmp_path):
     """SIGTERM twice 50 ms apart: exit 0 and the dynamic cache saved (before: exit 134, 130 or 143, the
     second signal breaking mlx-lm's shutdown, sometimes before the save)."""
     dyn = tmp_path / "dyn.ngram"
-    server = Server("--model", str(models["llama"]), "--dynamic", str(dyn), "--save-every", "1000")
-    run(server, *REQUESTS[0])
-    server.proc.terminate()
-    time.sleep(0.05)
-    server.proc.terminate()
-    out = server.proc.communicate(timeout=600)[0].decode()
+    with Server("--model", str(models["llama"]), "--dynamic", str(dyn), "--save-every", "1000") as server:
+        run(server, *REQUESTS[0])
+        server.proc.terminate()
+        time.sleep(0.05)
+        server.proc.terminate()
+        out = server.proc.communicate(timeout=600)[0].decode()
     assert server.proc.returncode == 0, out
     assert dyn.exists() and "already stopping" in out, out
 

@@ -25,6 +25,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import child_processes
 import pytest
 
 openai = pytest.importorskip("openai")
@@ -102,26 +103,29 @@ class FaultyServer:
         env = dict(os.environ, NGRAM_SPEC_TEST_FAULT=fault,
                    PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
         with open(self.log, "wb") as err:
-            self.proc = subprocess.Popen(
+            self.proc = child_processes.start(
                 [sys.executable, str(launcher), "serve", "--model", str(model), "--port", str(self.port),
                  "--blas", "bundled", "--draft-max", "3", "--log-level", "WARNING",
                  "--decode-concurrency", str(concurrency)],
                 stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=tmp_path)
-        self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="unused",
-                                    max_retries=0, timeout=30)
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited at start ({self.proc.returncode}): {self.text()}")
-            try:
-                if self.health() == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                self.proc.kill()
-                raise RuntimeError(f"server did not start: {self.text()}")
-            time.sleep(0.2)
+        try:
+            self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="unused",
+                                        max_retries=0, timeout=30)
+            deadline = time.monotonic() + timeout
+            while True:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"server exited at start ({self.proc.returncode}): {self.text()}")
+                try:
+                    if self.health() == 200:
+                        break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"server did not start: {self.text()}")
+                time.sleep(0.2)
+        except BaseException:   # the fixture closes only the servers it was given
+            child_processes.end(self.proc)
+            raise
 
     def health(self) -> int:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
@@ -135,14 +139,11 @@ class FaultyServer:
         try:
             return self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+            child_processes.end(self.proc)
             pytest.fail(f"the server was still running {timeout:.0f} s later; its log:\n{self.text()}")
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        child_processes.end(self.proc)
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@ caches' and suffix histories' files are checked at start, and an operator's mist
 failure later."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import signal
 import subprocess
@@ -81,16 +82,18 @@ def llama(tmp_path_factory):
     return path
 
 
+@contextlib.contextmanager
 def served(llama, dyn, monkeypatch, hold_s: str):
-    """A server with ``--dynamic dyn`` that answered one request; every write of the cache waits ``hold_s``
-    seconds before its rename (reference.atomic's test hook)."""
+    """``with served(...) as server:`` a server with ``--dynamic dyn`` that answered one request (killed at the
+    block's end if still running); every write of the cache waits ``hold_s`` seconds before its rename
+    (reference.atomic's test hook)."""
     from test_server import Server  # tests/mlx_backend/serve/test_server.py
 
     monkeypatch.setenv("NGRAM_SPEC_TEST_HOLD_BEFORE_RENAME", hold_s)
-    server = Server("--model", str(llama), "--dynamic", str(dyn), "--save-every", "100", "--draft-max", "3")
-    server.client.completions.create(model="default_model", prompt="one two three one two three one", max_tokens=8,
-                                     temperature=0.0)
-    return server
+    with Server("--model", str(llama), "--dynamic", str(dyn), "--save-every", "100", "--draft-max", "3") as server:
+        server.client.completions.create(model="default_model", prompt="one two three one two three one",
+                                         max_tokens=8, temperature=0.0)
+        yield server
 
 
 def test_a_second_sigterm_during_the_shutdown_save_does_not_abandon_it(llama, tmp_path, monkeypatch):
@@ -99,11 +102,11 @@ def test_a_second_sigterm_during_the_shutdown_save_does_not_abandon_it(llama, tm
     from mlx_backend.ngram.dynamic_cache import load_dynamic
 
     dyn = tmp_path / "dyn.ngram"
-    server = served(llama, dyn, monkeypatch, "3")
-    server.proc.send_signal(signal.SIGTERM)
-    time.sleep(1.5)                                    # the requests are answered at once; the save now waits
-    server.proc.send_signal(signal.SIGTERM)
-    out = server.proc.communicate(timeout=60)[0].decode()
+    with served(llama, dyn, monkeypatch, "3") as server:
+        server.proc.send_signal(signal.SIGTERM)
+        time.sleep(1.5)                                # the requests are answered at once; the save now waits
+        server.proc.send_signal(signal.SIGTERM)
+        out = server.proc.communicate(timeout=60)[0].decode()
     assert server.proc.returncode == 0, out
     assert "SIGTERM again: already stopping" in out, out
     assert len(load_dynamic(dyn)) > 0 and [p.name for p in tmp_path.iterdir()] == ["dyn.ngram"]
@@ -112,10 +115,10 @@ def test_a_second_sigterm_during_the_shutdown_save_does_not_abandon_it(llama, tm
 def test_a_cache_that_cannot_be_saved_at_shutdown_is_logged_and_exits_1(llama, tmp_path, monkeypatch):
     """Before: ``ngram-spec serve: error: ...: Is a directory`` and exit status 2, a bad flag's."""
     dyn = tmp_path / "dyn.ngram"
-    server = served(llama, dyn, monkeypatch, "0")
-    dyn.mkdir()                                       # the file cannot be written now
-    server.proc.send_signal(signal.SIGTERM)
-    out = server.proc.communicate(timeout=60)[0].decode()
+    with served(llama, dyn, monkeypatch, "0") as server:
+        dyn.mkdir()                                   # the file cannot be written now
+        server.proc.send_signal(signal.SIGTERM)
+        out = server.proc.communicate(timeout=60)[0].decode()
     assert server.proc.returncode == 1, out
     assert f"the dynamic n-gram cache {dyn} cannot be saved (IsADirectoryError" in out, out
     assert "was not saved (above): what was learned since its last save is lost" in out
@@ -184,13 +187,13 @@ def test_a_restarted_server_drafts_from_the_history_it_saved(llama, tmp_path):
         r = server.client.completions.create(model="default_model", prompt=prompt, max_tokens=24, temperature=0.0)
         return r.choices[0].text, r.model_extra["timings"]["draft_n_accepted"]
 
-    server = Server(*flags)
-    fresh, live = ask(server), ask(server)
-    server.stop()
+    with Server(*flags) as server:
+        fresh, live = ask(server), ask(server)
+        server.stop()
     assert history.is_file()
-    server = Server(*flags)
-    restarted = ask(server)
-    server.stop()
+    with Server(*flags) as server:
+        restarted = ask(server)
+        server.stop()
     assert fresh[0] == live[0] == restarted[0]
     assert restarted[1] == live[1] > fresh[1], (fresh, live, restarted)
 
