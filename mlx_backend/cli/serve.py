@@ -16,6 +16,7 @@ import sys
 import mlx.core  # noqa: F401  (without mlx or mlx-lm, mlx_backend.cli lists `serve` with the install hint)
 
 from mlx_backend.machine.blas import add_option as add_blas_option
+from mlx_backend.ngram.dynamic_cache import DYNAMIC_MAX_ENTRIES, check_max_entries
 from reference.atomic import check_outputs
 from reference.sampling import check_sampling
 from reference.suffix.auto import DEFAULT_DRAFTER, DRAFTERS
@@ -47,6 +48,7 @@ def check_args(args) -> None:
         raise ValueError(f"--drafter must be one of {', '.join(DRAFTERS)}, got {args.drafter!r}")
     if args.max_users < 0:
         raise ValueError(f"--max-users must be >= 0 (0: no limit), got {args.max_users}")
+    check_max_entries(args.dynamic_max_entries)
     if args.history_max_tokens < 0:
         raise ValueError(f"--history-max-tokens must be >= 0 (0: no history), got {args.history_max_tokens}")
     if args.decode_concurrency < 1:
@@ -170,6 +172,10 @@ def register(subparsers) -> None:
     p.add_argument("--dynamic-scope", choices=("server", "user"), default="server",
                    help="one dynamic cache (and suffix history) for all requests, or one per request `user` field "
                         "so one user's text is never drafted into another's answer (default: %(default)s)")
+    p.add_argument("--dynamic-max-entries", type=int, default=DYNAMIC_MAX_ENTRIES, metavar="N",
+                   help="keep at most N entries in each dynamic cache: one that goes over keeps its 3/4 N most counted "
+                        "(the latest learned first among equal counts); 0: no limit, as llama.cpp (default: "
+                        "%(default)s, about 300 MB)")
     p.add_argument("--max-users", type=int, default=0, metavar="N", help="with --dynamic-scope user: keep at most N "
                    "users' dynamic caches and suffix histories in memory; the least recently used one is written to its "
                    "files (--dynamic, --history) and read back at its next request, or, kept in memory only, forgotten "

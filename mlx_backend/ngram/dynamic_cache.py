@@ -22,6 +22,26 @@ import os
 from pathlib import Path
 from types import ModuleType
 
+#: ``ngram-spec serve --dynamic-max-entries``'s default: the (n-gram, follower) entries one dynamic cache keeps
+#: (``NgramSpeculator``). Unbounded (llama.cpp's), a server-wide cache grew by 1.2 (source code) to 4.0 (random
+#: tokens) entries, 148 to 591 bytes, per learned token (5 M tokens: 0.74 / 2.95 GB, a save 6 / 25 s; measured,
+#: docs/server.md). At this bound it stays 300-360 MB and a save about 1 s, and the entries dropped are the
+#: least counted (seen once: alone, none drafts, llama.cpp's dynamic cache needs an n-gram seen 2 to 4 times).
+DYNAMIC_MAX_ENTRIES = 2**21
+
+
+def check_max_entries(n) -> None:
+    """Refuse a bad ``--dynamic-max-entries`` (ValueError, one line).
+
+    >>> check_max_entries(-1)
+    Traceback (most recent call last):
+    ...
+    ValueError: --dynamic-max-entries must be an integer >= 0 (0: no limit, llama.cpp's unbounded cache), got -1
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"--dynamic-max-entries must be an integer >= 0 (0: no limit, llama.cpp's unbounded "
+                         f"cache), got {n!r}")
+
 
 def _api(api: ModuleType | None) -> ModuleType:
     if api is None:

@@ -313,6 +313,34 @@ class HashTable:
         out = HashTable(max(len(self), 16), max(self.n_entries(), 16))
         return out.merge(self)
 
+    def keep_most_counted(self, n: int, room: int = 0) -> int:
+        """Keep the ``n`` entries with the largest counts, the latest learned first among equal counts (an
+        entry's age is its insertion order), drop the others and the n-grams left without a follower; the
+        kept counts are unchanged. Rebuilt in place (the arrays are replaced, in insertion order) with room
+        for ``room`` more entries and n-grams. Returns how many entries were dropped.
+
+        >>> t = HashTable()
+        >>> t.update(np.array([5, 6, 5, 6, 7], dtype=np.int32))
+        >>> t.n_entries(), t.keep_most_counted(3)
+        (9, 6)
+        >>> [r[1:] for r in t.entries()]     # (5)->6 twice, then the two learned last
+        [(5, -1, -1, -1, 6, 2), (6, 5, 6, -1, 7, 1), (5, 6, 5, 6, 7, 1)]
+        """
+        n_e = self.n_entries()
+        if n_e <= n:
+            return 0
+        n = max(n, 0)
+        w0, w1, tok, cnt = self.arrays()
+        # count, then insertion order, in one int64: the n largest are the entries kept
+        rank = (np.minimum(cnt, 2**31 - 1) << 32) | np.arange(n_e, dtype=np.int64)
+        keep = np.sort(np.argpartition(rank, n_e - n)[n_e - n:]) if n else np.zeros(0, np.int64)
+        used = np.zeros(len(self), np.bool_)
+        used[self.T[3][keep, EKEY]] = True
+        kept = HashTable(max(int(used.sum()) + room, 16), max(n + room, 16))
+        kept.add_rows(w0[keep], w1[keep], tok[keep], cnt[keep])
+        self.T, self.meta = kept.T, kept.meta
+        return n_e - n
+
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``(w0, w1, token, count)`` of every entry, in insertion order."""
         K, E = self.T[1], self.T[3][: self.n_entries()]

@@ -62,7 +62,7 @@ from mlx_lm.utils import maybe_set_recommended_wired_limit
 from reference.drafter import Drafter
 from reference.ngram.ours_file import check_file_tokenizer, tokenizer_fingerprint
 from mlx_backend.ngram.api import HashTable, as_table, load_cache
-from mlx_backend.ngram.dynamic_cache import load_dynamic, save_dynamic
+from mlx_backend.ngram.dynamic_cache import DYNAMIC_MAX_ENTRIES, check_max_entries, load_dynamic, save_dynamic
 from mlx_backend.batch.server_batch import RowPlan, RowReport, SpeculativeBatchGenerator, batch_unsupported
 from mlx_backend.decode.draft_policy import DEFAULT_K_MAX, SEEDED_DRAFT_MAX
 from mlx_backend.decode.generate import SpecStats, stream_generate as spec_stream_generate, vocab_size
@@ -256,7 +256,8 @@ class NgramSpeculator:
     ``c_st``: a static cache (read only). Dynamic caches ``c_dyn`` learn from every completed response
     (the n-grams whose followers are response tokens) and are used by later requests: one for the whole
     server (``scope="server"``, file ``dynamic``) or one per request ``user`` (``scope="user"``, files
-    under the directory ``dynamic``; requests without ``user`` then neither use nor feed one). Saved
+    under the directory ``dynamic``; requests without ``user`` then neither use nor feed one), each of at most
+    ``dynamic_max_entries`` entries (0: no limit; see :meth:`_bound`). Saved
     atomically (:func:`mlx_backend.ngram.dynamic_cache.save_dynamic`) every ``save_every`` completed requests,
     but no sooner after a save than (1 - :data:`SAVE_SHARE`) / :data:`SAVE_SHARE` times what it took, and on
     shutdown. Suffix histories (``SuffixHistory``, at most ``history_max_tokens`` tokens each; 0: none)
@@ -270,13 +271,15 @@ class NgramSpeculator:
     def __init__(self, *, draft_max: Optional[int] = None, speculative: bool = True, static=None,
                  dynamic: Optional[str] = None, scope: str = "server", save_every: int = 20,
                  drafter: str = DEFAULT_DRAFTER, history_max_tokens: int = HISTORY_MAX_TOKENS,
-                 history: Optional[str] = None, max_users: int = 0):
+                 history: Optional[str] = None, max_users: int = 0,
+                 dynamic_max_entries: int = DYNAMIC_MAX_ENTRIES):
         if scope not in ("server", "user"):
             raise ValueError(f"--dynamic-scope must be server or user, got {scope!r}")
         if save_every < 1:
             raise ValueError(f"--save-every must be at least 1, got {save_every}")
         if max_users < 0:
             raise ValueError(f"--max-users must be >= 0 (0: no limit), got {max_users}")
+        check_max_entries(dynamic_max_entries)
         check_drafter(drafter, "--drafter")
         if history_max_tokens < 0:
             raise ValueError(f"--history-max-tokens must be >= 0 (0: no history), got {history_max_tokens}")
@@ -287,18 +290,25 @@ class NgramSpeculator:
         self.drafter_name, self.history_max_tokens = drafter, history_max_tokens
         # with scope="user": the users whose dynamic cache or history is in memory, least recently used first;
         # beyond max_users (0: no limit) the least recently used one is written to its files and dropped
-        self.max_users = max_users
+        self.max_users, self.dynamic_max_entries = max_users, dynamic_max_entries
         self._recent: collections.OrderedDict = collections.OrderedDict()
         self.histories: dict[Optional[str], Any] = {}
         self.static_path, self.c_st = static, None if static is None else load_cache(static)
         self.path = None if dynamic is None else Path(dynamic)
         self.c_dyn: dict[Optional[str], Any] = {}
         self._dirty: set = set()
+        self.lock = threading.Lock()
+        self.totals = {"requests": 0, "speculative_requests": 0, "completed": 0, "cancelled": 0,
+                       "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0, "decode_forwards": 0,
+                       "draft_n": 0, "draft_n_accepted": 0, "generation_seconds": 0.0, "dynamic_saves": 0,
+                       "drafters": {name: 0 for name in DRAFTERS}, "verify_forwards": 0, "queue_seconds": 0.0,
+                       "users_dropped": 0, "dynamic_entries_dropped": 0}
         if self.path is not None and scope == "user":
             self.path.mkdir(parents=True, exist_ok=True)
             check_user_files(self.path, "--dynamic", ".ngram", load_dynamic, "dynamic cache")
         elif self.path is not None:
             self.c_dyn[None] = as_table(load_dynamic(self.path), copy=False)
+            self._bound(None, self.c_dyn[None])
         self.history_path = None if history is None else Path(history)
         self._dirty_histories: set = set()
         self.tokenizer = dict(vocab_size=None, fingerprint=None, n_vocab=None)   # use_tokenizer's; None: unknown
@@ -307,12 +317,6 @@ class NgramSpeculator:
             check_user_files(self.history_path, "--history", ".history", read_history, "suffix history")
         elif self.history_path is not None:
             self.histories[None] = load_history(self.history_path, self._new_history())
-        self.lock = threading.Lock()
-        self.totals = {"requests": 0, "speculative_requests": 0, "completed": 0, "cancelled": 0,
-                       "prompt_tokens": 0, "cached_tokens": 0, "completion_tokens": 0, "decode_forwards": 0,
-                       "draft_n": 0, "draft_n_accepted": 0, "generation_seconds": 0.0, "dynamic_saves": 0,
-                       "drafters": {name: 0 for name in DRAFTERS}, "verify_forwards": 0, "queue_seconds": 0.0,
-                       "users_dropped": 0}
         self._rows = [0, 0]  # rows summed over the verify forwards, the most in one
         self._queue_max = 0.0  # the longest wait of a request before its prompt began
         self._since_save = 0
@@ -378,6 +382,7 @@ class NgramSpeculator:
         if key not in self.c_dyn:
             if self.path is not None and self.scope == "user":
                 self.c_dyn[key] = as_table(load_dynamic(_scope_file(self.path, user)), copy=False)
+                self._bound(key, self.c_dyn[key])
             else:
                 self.c_dyn[key] = HashTable()
         table = self.c_dyn[key]
@@ -478,6 +483,7 @@ class NgramSpeculator:
             table = self.dynamic_for(spec.user)
             table.update(np.asarray(full, np.int32), n_prompt, len(full))
             self._dirty.add(self._key(spec.user))
+            self._bound(self._key(spec.user), table)
         self._since_save += 1
         if ((self.path is not None or self.history_path is not None) and self._since_save >= self.save_every
                 and _clock() >= self._next_save):
@@ -486,6 +492,28 @@ class NgramSpeculator:
                 self.save()
             finally:   # saving took at most SAVE_SHARE of the time until the next one: 2 s, then 38 s without
                 self._next_save = start + (_clock() - start) / SAVE_SHARE
+
+    def _bound(self, key, table) -> None:
+        """Keep the dynamic cache ``table`` (scope ``key``) within ``dynamic_max_entries`` (0: no limit). Until a
+        cache holds more it is llama.cpp's, unchanged; a response (or a file loaded) that takes it over the bound
+        leaves it with the ``N - N // 4`` entries of the largest counts, the latest learned first among equal
+        counts, their counts unchanged (:meth:`HashTable.keep_most_counted`; the n-grams left without a follower
+        go too), and room for the next ``N // 4`` without growing. A quarter at once: each rebuild costs time in
+        proportion to the cache (~1 s at 2 M entries), so it comes once per ``N // 4`` entries learned, not at
+        every request. Before, a cache grew without bound (148-591 bytes per learned token; 5 M random tokens:
+        2.95 GB, a save 25 s)."""
+        n = self.dynamic_max_entries
+        if not n or table.n_entries() <= n:
+            return
+        start, before = time.perf_counter(), table.n_entries()
+        keep = n - n // 4
+        dropped = table.keep_most_counted(keep, room=n + n // 4 - keep)
+        self._dirty.add(key)
+        with self.lock:
+            self.totals["dynamic_entries_dropped"] += dropped
+        log.info("the dynamic n-gram cache (%s) went over --dynamic-max-entries %d (%d entries): kept the %d most "
+                 "counted, dropped %d (%.2f s)", _scope_name(key), n, before, table.n_entries(), dropped,
+                 time.perf_counter() - start)
 
     def count_forward(self, rows: int) -> None:
         """One batched verify forward over ``rows`` rows (``/v1/stats`` ``verify_forwards``, ``rows_per_forward``)."""
@@ -555,11 +583,13 @@ class NgramSpeculator:
         t["accepted_per_row_step"] = t["draft_n_accepted"] / t["decode_forwards"] if t["decode_forwards"] else 0.0
         t["predicted_per_second"] = (t["completion_tokens"] / t["generation_seconds"]
                                      if t["generation_seconds"] else 0.0)
-        t["dynamic_caches"] = {_scope_name(k): {"ngrams": len(v), "entries": v.n_entries()}
+        t["dynamic_caches"] = {_scope_name(k): {"ngrams": len(v), "entries": v.n_entries(),
+                                                "bytes": sum(a.nbytes for a in v.T)}
                                for k, v in list(self.c_dyn.items())}
         t["suffix_histories"] = {_scope_name(k): {"tokens": v.n_tokens} for k, v in list(self.histories.items())}
         t["draft_max"] = "auto" if self.draft_max is None else self.draft_max
         t["drafter"], t["history_max_tokens"] = self.drafter_name, self.history_max_tokens
+        t["dynamic_max_entries"] = self.dynamic_max_entries
         t["speculative"] = self.speculative
         return t
 
@@ -1192,7 +1222,8 @@ def run_serve(args) -> int:
     speculator = NgramSpeculator(draft_max=args.draft_max, speculative=not args.no_spec, static=args.static,
                                  dynamic=args.dynamic, scope=args.dynamic_scope, save_every=args.save_every,
                                  drafter=args.drafter, history_max_tokens=args.history_max_tokens,
-                                 history=args.history, max_users=args.max_users)
+                                 history=args.history, max_users=args.max_users,
+                                 dynamic_max_entries=args.dynamic_max_entries)
     dtype = None if args.dtype in (None, "auto") else args.dtype
     model, tokenizer, desc = load_model(args.model, dtype)
     # cache and history files of another tokenizer: refused before serving

@@ -155,6 +155,24 @@ def test_hash_table_growth_keeps_counts():
     assert t.entries() == ref_cache(s).entries()
 
 
+@SETTINGS
+@given(streams(min_size=2), streams(), st.integers(0, 400), st.integers(0, 64))
+def test_keep_most_counted_keeps_the_largest_counts_latest_first(s, more, n, room):
+    """``serve --dynamic-max-entries``' rule: the ``n`` entries of the largest counts, the latest learned first
+    among equal counts, their counts unchanged; the rebuilt table then learns as a table built from them."""
+    t = HashTable()
+    t.update(s)
+    w0, w1, tok, cnt = t.arrays()                  # insertion order: the latest learned last
+    order = sorted(range(len(tok)), key=lambda e: (-cnt[e], -e))[:n]
+    kept = HashTable()
+    kept.add_rows(w0[order], w1[order], tok[order], cnt[order])
+    assert t.keep_most_counted(n, room) == max(0, len(tok) - n)
+    assert t.entries() == kept.entries() and len(t) == len(kept) and t.n_entries() == min(n, len(tok))
+    t.update(more)
+    kept.update(more)
+    assert t.entries() == kept.entries()
+
+
 @pytest.mark.parametrize("bad", [[-1], [2**31], [1, -5]])
 def test_negative_or_huge_token_ids_rejected(bad):
     d = api.NgramDrafter()
