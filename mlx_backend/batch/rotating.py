@@ -67,6 +67,14 @@ class _VerifyingRotating:
         if not self._ngram_verify:
             return super().update_and_fetch(keys, values)
         self._ngram_new = (keys, values)
+        return self.keys_and_values()
+
+    def keys_and_values(self):
+        """During a verify forward, once the new rows are given: what ``update_and_fetch`` returned (a
+        layer sharing this cache reads it so after the owner's update: gemma3n's KV-shared layers)."""
+        if not (self._ngram_verify and self._ngram_new is not None):
+            return super().keys_and_values()
+        keys, values = self._ngram_new
         old = temporal(self)
         if old is None:
             return keys, values

@@ -137,7 +137,8 @@ class BatchVerifyCache:
             attach(layer)
             layer._ngram_path, layer._ngram_every, layer._ngram_record = self.gdn_path, every, None
         for c in self.rotating:
-            attach(c, _VerifyingRotating)._ngram_verify = True
+            attach(c, _VerifyingRotating)
+            c._ngram_verify, c._ngram_new = True, None
         try:
             logits = self.model(tokens, cache=self.cache)
         finally:

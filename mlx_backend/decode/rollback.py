@@ -314,7 +314,9 @@ class _RecordingRotating:
 
     With ``_ngram_verify`` off every call is mlx-lm's. During a verify forward the cache is not
     written: ``update_and_fetch`` returns its rows followed by the S new ones (kept for
-    :meth:`ngram_keep`) and ``make_mask`` gives :func:`single_step_mask`.
+    :meth:`ngram_keep`), ``keys_and_values`` returns the same once they are given (a layer that
+    shares another layer's cache reads it so after that layer's update: gemma3n's KV-shared
+    layers), and ``make_mask`` gives :func:`single_step_mask`.
     """
 
     _ngram_verify = False
@@ -331,9 +333,15 @@ class _RecordingRotating:
         if not self._ngram_verify:
             return super().update_and_fetch(keys, values)
         self._ngram_new = (keys, values)
+        return self.keys_and_values()
+
+    def keys_and_values(self):
+        if not (self._ngram_verify and self._ngram_new is not None):
+            return super().keys_and_values()
+        keys, values = self._ngram_new
         if self.keys is None:
             return keys, values
-        old_keys, old_values = self.keys_and_values()
+        old_keys, old_values = super().keys_and_values()
         return mx.concatenate([old_keys, keys], axis=2), mx.concatenate([old_values, values], axis=2)
 
     def ngram_keep(self, m: int) -> None:
@@ -451,7 +459,7 @@ class VerifyCache:
             layer._ngram_record = None
         for c in self.rotating:
             attach(c, _RecordingRotating)
-            c._ngram_verify = record
+            c._ngram_verify, c._ngram_new = record, None
         if record and self.replayed:
             self.tokens, self.checkpoint = tokens, [_snapshot(vars(c)) for c in self.replayed]
         try:

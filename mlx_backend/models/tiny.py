@@ -84,8 +84,12 @@ def randomize(model: nn.Module, *, logit_scale: float = 4.0, dtype=mx.float32) -
                       mx.random.normal(p.shape) * (p.shape[-1] ** -0.5) if p.ndim > 1
                       else mx.random.uniform(-1, 1, p.shape), model.parameters())
     model.update(params)
-    out = _output_layer(model)
-    out.weight = out.weight * logit_scale
+    head = getattr(model, "lm_head", None)
+    if isinstance(head, mx.array):     # the output matrix as a bare parameter (talkie's lm_head)
+        model.lm_head = head * logit_scale
+    else:
+        out = _output_layer(model)
+        out.weight = out.weight * logit_scale
     if dtype != mx.float32:
         model.set_dtype(dtype, predicate=getattr(model, "cast_predicate", None))
     mx.eval(model.parameters())
@@ -94,7 +98,8 @@ def randomize(model: nn.Module, *, logit_scale: float = 4.0, dtype=mx.float32) -
 
 def _output_layer(model: nn.Module) -> nn.Module:
     """The module whose weight produces the logits: ``lm_head`` (or another output head's name),
-    else the tied input embedding (``embed_tokens``, ``embeddings``, ``wte``, ...)."""
+    else the tied input embedding (``embed_tokens``, ``embeddings``, ``wte``, ...). (A model whose
+    ``lm_head`` is a bare array rather than a module is handled by :func:`randomize` itself.)"""
     modules = dict(tree_flatten(model.leaf_modules(), is_leaf=lambda m: isinstance(m, nn.Module)))
     for suffix in _OUTPUT_NAMES:
         for name, module in modules.items():

@@ -13,11 +13,12 @@ from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
 
 from mlx_backend.batch.verify import BatchVerifyCache
 from mlx_backend.decode.rollback import RollbackUnsupported, VerifyCache
-from mlx_backend.models.tiny import tiny_model
+from mlx_backend.models.compat import build
+from mlx_backend.models.tiny import CONFIGS, tiny_model
 
 # batch vs solo VerifyCache: the same ops on the same numbers (measured: bitwise equal for llama, qwen3_5,
 # qwen3_next; sliding-window layers attend a differently laid out key set: measured up to 1.1e-5)
-ATOL = {"gemma3_text": 1e-4}
+ATOL = {"gemma3_text": 1e-4, "gemma3n": 1e-4}
 ATOL_DEFAULT = 1e-5
 ATOL_FRESH = 1e-4   # vs a fresh forward over the whole history: a prefill computes in another order
 V = 64
@@ -26,8 +27,10 @@ V = 64
 @functools.cache
 def models(arch: str, seed: int = 3):
     """Two identical models: one for the batch, one for the solo reference (the GDN recorder state lives
-    on the layer instances, so the two paths must not share them)."""
-    return tiny_model(arch, seed=seed), tiny_model(arch, seed=seed)
+    on the layer instances, so the two paths must not share them). Architectures without a
+    :mod:`~mlx_backend.models.tiny` config are the compatibility matrix's tiny models."""
+    make = tiny_model if arch in CONFIGS else build
+    return make(arch, seed=seed), make(arch, seed=seed)
 
 
 def prefilled(model, prompt):
@@ -106,6 +109,15 @@ def test_sliding_window_rows_after_the_ring_wraps():
     """gemma3_text's window is 8: 6 steps of up to 6 tokens on prompts of up to 11 wrap every row's ring."""
     for seed in (11, 12, 13):
         run_steps("gemma3_text", seed, n_steps=6)
+
+
+def test_kv_shared_layers_reading_a_sliding_window_cache():
+    """gemma3n's KV-shared layers read another layer's BatchRotatingKVCache with ``keys_and_values()`` after
+    that layer's update: in a verify forward they get the ring's rows and the new ones, as
+    ``update_and_fetch`` returned them (before: the ring's rows only, a shape error at every verify
+    forward), through and past the ring's wrap."""
+    for seed in (11, 12):
+        run_steps("gemma3n", seed, n_steps=6)
 
 
 def test_keep_moves_no_key_and_ends_rows_apart():

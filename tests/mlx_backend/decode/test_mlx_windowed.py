@@ -14,6 +14,7 @@ from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache, make
 
 from mlx_backend.decode.generate import SpecStats, ngram_speculative_generate_step
 from mlx_backend.decode.rollback import VerifyCache
+from mlx_backend.models.compat import build
 from mlx_backend.models.tiny import WINDOWED, tiny_model
 
 from test_mlx_generate import ScriptedDrafter, argmax_sampler, assert_greedy_equal
@@ -135,6 +136,23 @@ def test_chunked_cache_is_trimmed_exactly():
     for script in ([(8, None)], [(5, 2), (3, None), (0, None)], [(8, 0)]):
         spec = [t for t, _, _ in ngram_speculative_generate_step(
             mx.array(prompt), model, max_tokens=30, draft_max=8, prompt_cache=make_cache(),
+            drafter=ScriptedDrafter(ref, script))]
+        assert_greedy_equal(ref, ref_lp, spec)
+
+
+def test_kv_shared_layers_reading_a_sliding_window_cache_equal_plain_greedy():
+    """gemma3n's KV-shared layers read another layer's RotatingKVCache with ``keys_and_values()`` after
+    that layer's update; in a verify forward (the ring not written) they get its rows and the S new
+    ones, as ``update_and_fetch`` returned them. Before: the old rows only, and every verify forward
+    on gemma3n failed (ValueError: the [S, n + S] mask against n keys)."""
+    model = build("gemma3n", seed=1)
+    make_cache = lambda: make_prompt_cache(model)
+    assert any(isinstance(c, RotatingKVCache) for c in make_cache())
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6] * 3                 # 24 tokens: past the window of 8
+    ref, ref_lp = plain(model, make_cache, prompt, 20)
+    for script in ([(6, None)], [(5, 2), (3, None), (0, None)]):
+        spec = [t for t, _, _ in ngram_speculative_generate_step(
+            mx.array(prompt), model, max_tokens=20, draft_max=6, prompt_cache=make_cache(),
             drafter=ScriptedDrafter(ref, script))]
         assert_greedy_equal(ref, ref_lp, spec)
 

@@ -13,7 +13,8 @@ import mlx_lm
 import pytest
 from mlx_lm.generate import generate_step
 
-from mlx_backend.models.compat import MAX_TOKENS, PROMPT, VERDICTS, architectures, build, check
+from mlx_backend.models.compat import (MAX_TOKENS, OVERRIDES, PROMPT, VERDICTS, architectures, build,
+                                       check, tiny_config)
 from mlx_backend.decode.generate import SpecStats, ngram_speculative_generate_step
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "compatibility.md"
@@ -60,3 +61,27 @@ def test_measured_default_policy_on_a_sliding_window_model():
     spec = [t for t, _, _ in ngram_speculative_generate_step(mx.array(PROMPT), model,
                                                              max_tokens=MAX_TOKENS, stats=stats)]
     assert spec == plain and stats.policy["cost_rel"]
+
+
+@pytest.mark.parametrize("arch", ["hunyuan", "gemma3n", "talkie"])
+def test_architectures_that_had_no_tiny_config_are_checked(arch):
+    """Before: "no tiny config". hunyuan's RoPE reads rope_scaling['alpha'] and gemma3n's layers read
+    per-layer lists (their OVERRIDES entries give them, as a real config.json does); talkie's output
+    matrix is a bare array, which the randomizer did not find. gemma3n's KV-shared layers read a sliding-
+    window cache the verify forward had not written (mlx_backend.decode.rollback), a shape error."""
+    row = check(arch)
+    assert row["verdict"] == "identical", row
+    assert 0 < row["accepted"] < row["drafted"]
+    assert committed_rows()[arch]["verdict"] == "identical"
+
+
+def test_every_override_names_an_architecture_and_configs_name_their_module():
+    assert set(OVERRIDES) <= set(architectures())
+    import mlx_lm.models.hunyuan as hunyuan
+    assert tiny_config(hunyuan)["model_type"] == "hunyuan"     # before: "" (the required field's guess)
+
+
+@pytest.mark.skipif(mx.metal.is_available(), reason="Metal runs the kernel")
+def test_a_metal_only_architecture_names_the_file_of_its_kernel():
+    row = check("bitnet")
+    assert row["verdict"] == "plain fails" and "mlx_lm/models/bitlinear_layers.py" in row["detail"], row
