@@ -23,6 +23,11 @@ own ``merge`` of per-request caches, grown with ``extend``, shrunk with ``filter
   state to the recorded state after token m[b]. The cache must carry no ``lengths`` and no nonzero
   ``left_padding`` (mlx-lm's masks for padded prefill); an all-zero ``left_padding`` (what ``merge``
   of empty caches leaves) is the same as none and is dropped.
+* ``ArraysCache(size=1)`` of a short convolution whose cache is its conv window (lfm2, lfm2_moe,
+  lfm2-vl; :func:`mlx_backend.decode.rollback.conv_window_layer`): the forward is mlx-lm's, its
+  ``nn.Conv1d`` keeps its input ``[window ; S new rows]`` (padding rows come after a row's real ones);
+  ``keep(m)`` sets row b's window to rows ``m[b] .. m[b] + K - 2`` of it, as for a GDN layer's window.
+  The same conditions on ``lengths`` and ``left_padding`` hold.
 * ``BatchRotatingKVCache`` (sliding-window layers): not written during the forward, each query masked
   to what its one-token step sees, then rebuilt as ``merge`` would leave it
   (:mod:`mlx_backend.batch.rotating`).
@@ -38,8 +43,9 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache, BatchKVCache, BatchRotatingKVCache, CacheList
 
-from mlx_backend.decode.rollback import (GDN_PATHS, RollbackUnsupported, attach, checkpoint_interval,
-                                         default_gdn_path, detach, gdn_layer, gdn_projections, take_record)
+from mlx_backend.decode.rollback import (GDN_PATHS, RollbackUnsupported, _RecordingConvInput, _RecordingGDN,
+                                         _state_layer_name, attach, checkpoint_interval, default_gdn_path,
+                                         detach, recorded_layer, take_record)
 from mlx_backend.batch.ragged import _RaggedKV
 from mlx_backend.batch.rotating import _VerifyingRotating, keep_rows
 
@@ -57,9 +63,9 @@ def _unsupported(i: int, c: Any) -> RollbackUnsupported:
 class BatchVerifyCache:
     """A model and its batched prompt cache, for verify forwards cut back per row (module docstring).
 
-    ``cache`` is the list of per-layer batch caches (``BatchKVCache``, ``BatchRotatingKVCache``, GDN
-    ``ArraysCache``), updated in place; caches grown with ``extend`` or shrunk with ``filter`` between forwards
-    stay valid.
+    ``cache`` is the list of per-layer batch caches (``BatchKVCache``, ``BatchRotatingKVCache``, GDN and
+    short-conv ``ArraysCache``), updated in place; caches grown with ``extend`` or shrunk with ``filter``
+    between forwards stay valid.
     """
 
     def __init__(self, model: nn.Module, cache: list[Any], gdn_path: str | None = None):
@@ -70,6 +76,7 @@ class BatchVerifyCache:
         self.kv: list[BatchKVCache] = []
         self.rotating: list[BatchRotatingKVCache] = []
         self.gdn: list[tuple[nn.Module, ArraysCache]] = []
+        self.conv: list[tuple[nn.Module, ArraysCache]] = []   # short convs: their nn.Conv1d, their cache
         layers = list(getattr(model, "layers", []))
         for i, top in enumerate(cache):
             layer = layers[i] if len(layers) == len(cache) else None
@@ -79,17 +86,19 @@ class BatchVerifyCache:
                 elif isinstance(c, BatchRotatingKVCache):
                     self.rotating.append(attach(c, _VerifyingRotating))
                 elif type(c) is ArraysCache:
-                    gdn = gdn_layer(layer) if layer is not None else None
-                    if gdn is None or gdn_projections(gdn) is None:
+                    recorded = recorded_layer(layer)
+                    if recorded is None:
                         raise RollbackUnsupported(
                             f"cache {i} (ArraysCache) belongs to a recurrent layer "
-                            f"({type(gdn or layer).__name__}) that is not a known GatedDeltaNet; "
-                            f"batched rollback needs recorded per-token states: decode one request at a time")
-                    self.gdn.append((gdn, c))
+                            f"({_state_layer_name(layer)}) that is neither "
+                            f"a known GatedDeltaNet nor a short conv; batched rollback needs recorded per-token "
+                            f"states: decode one request at a time")
+                    module, mixin = recorded
+                    (self.gdn if mixin is _RecordingGDN else self.conv).append((module, c))
                 else:
                     raise _unsupported(i, c)
         self.S = 0
-        self.records: list | None = None   # the last forward's GDN records (take_record)
+        self.records: list | None = None   # the last forward's GDN and short-conv records (take_record)
         self.lengths: list[int] | None = None
         self.state_bytes = sum(4 * g.num_v_heads * g.head_v_dim * g.head_k_dim for g, _ in self.gdn)
 
@@ -97,7 +106,7 @@ class BatchVerifyCache:
     def batch_size(self) -> int:
         for c in self.kv + self.rotating:
             return int(c.offset.shape[0])
-        for _, c in self.gdn:
+        for _, c in self.gdn + self.conv:
             return c.batch_size
         return 0
 
@@ -109,13 +118,13 @@ class BatchVerifyCache:
             if getattr(c, "_right_padding", None) is not None or getattr(c, "_lengths", None) is not None:
                 raise RollbackUnsupported(f"a {type(c).__name__} has a right-padded prefill pending: "
                                           f"finalize() it before a verify forward")
-        for _, c in self.gdn:
+        for _, c in self.gdn + self.conv:
             if c.lengths is not None:
-                raise RollbackUnsupported("a GatedDeltaNet ArraysCache has `lengths` set (a right-padded "
+                raise RollbackUnsupported("a recurrent ArraysCache has `lengths` set (a right-padded "
                                           "prefill in progress): finalize() it before a verify forward")
             if c.left_padding is not None:
                 if max(c.left_padding.tolist(), default=0) != 0:
-                    raise RollbackUnsupported("a GatedDeltaNet ArraysCache has nonzero left_padding (a "
+                    raise RollbackUnsupported("a recurrent ArraysCache has nonzero left_padding (a "
                                               "left-padded prefill): prefill rows alone, then merge")
                 c.left_padding = None   # all zero: the same as no mask
 
@@ -136,6 +145,9 @@ class BatchVerifyCache:
         for layer, _ in self.gdn:
             attach(layer)
             layer._ngram_path, layer._ngram_every, layer._ngram_record = self.gdn_path, every, None
+        for conv, _ in self.conv:
+            attach(conv, _RecordingConvInput)
+            conv._ngram_verify, conv._ngram_record = True, None
         for c in self.rotating:
             attach(c, _VerifyingRotating)
             c._ngram_verify, c._ngram_new = True, None
@@ -144,9 +156,12 @@ class BatchVerifyCache:
         finally:
             for layer, _ in self.gdn:
                 layer._ngram_path = None
+            for conv, _ in self.conv:
+                conv._ngram_verify = False
             for c in self.rotating:
                 c._ngram_verify = False
-        self.records = [take_record(layer) for layer, _ in self.gdn]   # this forward's, kept here (take_record)
+        # this forward's, kept here (take_record)
+        self.records = [take_record(module) for module, _ in self.gdn + self.conv]
         self.S, self.lengths = S, lengths
         return logits
 
@@ -162,25 +177,25 @@ class BatchVerifyCache:
             c.trim_rows(surplus)
         for c in self.rotating:
             keep_rows(c, m)
-        for (layer, c), rec in zip(self.gdn, self.records):
-            self._keep_gdn(layer, c, rec, m)
+        for (module, c), rec in zip(self.gdn + self.conv, self.records):
+            c[0] = rec.window(m)
+            if rec.state0 is not None:   # a GDN layer: its recurrent state too
+                c[1] = self._states_after(module, rec, m)
         self.records = None
         self.S, self.lengths = 0, None
 
     @staticmethod
-    def _keep_gdn(layer, c: ArraysCache, rec, m: list[int]) -> None:
-        K = layer.conv_kernel_size
-        rows = mx.array(m)[:, None] + mx.arange(K - 1)[None]            # [B, K-1] conv window rows
-        c[0] = mx.take_along_axis(rec.conv_input, rows[..., None], axis=1)
+    def _states_after(layer, rec, m: list[int]) -> mx.array:
+        """Row b's recurrent state after its first m[b] tokens, for every row."""
         states = {a: rec.state_after(a, layer) for a in sorted(set(m))}   # one per distinct m
         picked = [states[a][b:b + 1] for b, a in enumerate(m)]
-        c[1] = mx.concatenate(picked, axis=0) if len(picked) > 1 else picked[0]
+        return mx.concatenate(picked, axis=0) if len(picked) > 1 else picked[0]
 
     def close(self, align: bool = True) -> None:
-        """Give the GDN layers and the caches their own class back (with ``align``, the attention rows
+        """Give the GDN layers, the short convs and the caches their own class back (with ``align``, the attention rows
         right-aligned first, as mlx-lm keeps them; without, for caches about to be dropped)."""
         for c in self.kv:
             if align:
                 c.align()
-        for obj in [layer for layer, _ in self.gdn] + self.rotating + self.kv:
+        for obj in [module for module, _ in self.gdn + self.conv] + self.rotating + self.kv:
             detach(obj)

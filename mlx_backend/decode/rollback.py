@@ -15,7 +15,11 @@ runs such forwards and then :meth:`VerifyCache.keep` cuts every layer back to ``
   qwen3_5_moe, qwen3_next; cache ``ArraysCache(size=2)``) get ``cache[0]`` = the conv window
   ending at token m, ``conv_input[:, m : m + K - 1]``, and ``cache[1]`` = the recurrent state
   after token m;
-* every other cache (``ArraysCache`` of Mamba / SSM / other linear-attention / conv layers, custom
+* short-convolution layers whose cache is the conv window alone, recognised by what they do
+  (:func:`conv_window_layer`: lfm2, lfm2_moe, lfm2-vl's ``ShortConv``; ``ArraysCache(size=1)``),
+  get ``cache[0]`` = the conv window ending at token m, the same slice of the conv's input
+  ``[window ; S new rows]``, kept as the conv saw it during the verify forward (no recurrence: nothing else);
+* every other cache (``ArraysCache`` of Mamba / SSM / other linear-attention layers, custom
   cache classes) is snapshotted before the verify forward; ``keep(m < S)`` puts every layer back
   to before it and re-runs the first m tokens (a second forward over m tokens).
 
@@ -155,15 +159,25 @@ def _records_exactly(layer, base: type, recorder: type, dims: int) -> bool:
 
 
 class _Recording:
-    """Per-token record of one GDN layer's verify forward (what :meth:`keep` needs)."""
+    """Per-token record of one GDN or short-conv layer's verify forward (what :meth:`keep` needs)."""
 
-    def __init__(self, conv_input, state0, final, states=None, inputs=None, every=1):
+    def __init__(self, conv_input, kernel_size, state0=None, final=None, states=None, inputs=None, every=1):
         self.conv_input = conv_input   # [B, K-1+S, conv_dim]: conv window + the S new rows
-        self.state0 = state0           # recurrent state before the forward
+        self.kernel_size = kernel_size  # K
+        self.state0 = state0           # recurrent state before the forward (None: a short conv, no state)
         self.final = final             # recurrent state after all S tokens
         self.states = states           # "states" path: {t: state after token t}, t = every, 2 every, ... < S
         self.inputs = inputs           # (q, k, v, a, b) of the S tokens: "replay", or "states" with every > 1
         self.every = every             # "states" path: the checkpoint interval c
+
+    def window(self, m: int | list[int]) -> mx.array:
+        """The conv window after the first m of the S new rows, rows ``m .. m + K - 2`` of
+        ``conv_input``; ``m`` one int, or one per batch row."""
+        n = self.kernel_size - 1
+        if isinstance(m, int):
+            return mx.contiguous(self.conv_input[:, m:m + n])
+        rows = mx.array(m)[:, None] + mx.arange(n)[None]            # [B, K-1]
+        return mx.take_along_axis(self.conv_input, rows[..., None], axis=1)
 
     def state_after(self, m: int, layer) -> mx.array:
         S = self.conv_input.shape[1] - layer.conv_kernel_size + 1
@@ -229,18 +243,103 @@ class _RecordingGDN:
                 if (t + 1) % every == 0 and t + 1 < S:
                     states[t + 1] = state   # a checkpoint; the states between are freed once computed
             out = mx.concatenate(ys, axis=1)
-            record = _Recording(conv_input, state0, state, states=states,
+            record = _Recording(conv_input, K, state0, state, states=states,
                                 inputs=(q, k, v, a, b) if every > 1 else None, every=every)
         else:
             out, state = gated_delta_update(q, k, v, a, b, self.A_log, self.dt_bias, state0,
                                             use_kernel=use_kernel)
-            record = _Recording(conv_input, state0, state, inputs=(q, k, v, a, b))
+            record = _Recording(conv_input, K, state0, state, inputs=(q, k, v, a, b))
         cache[0] = mx.contiguous(conv_input[:, -(K - 1):])
         cache[1] = state
         self._ngram_record = record
         out = self.out_proj(self.norm(out, z).reshape(B, S, -1))
         group = getattr(self, "sharding_group", None)   # tensor parallel (mlx-lm's shard()): this rank's heads
         return out if group is None else mx.distributed.all_sum(out, group=group)
+
+
+# -- short convolutions whose cache is their window (lfm2's ShortConv) -------------------------
+
+class _RecordingConvInput:
+    """Mixin put in front of a short-conv layer's ``nn.Conv1d``, per instance (see :func:`attach`).
+
+    With ``_ngram_verify`` off the call is mlx-lm's. During a verify forward it is mlx-lm's too, and
+    the conv's input ``[window ; S new rows]`` is left as a :class:`_Recording` in ``_ngram_record``.
+    """
+
+    _ngram_verify = False
+    _ngram_record = None
+
+    def __call__(self, x):
+        if self._ngram_verify:
+            self._ngram_record = _Recording(x, self.weight.shape[1])
+        return super().__call__(x)
+
+
+_WINDOW_ONLY: dict[type, bool] = {}   # per layer class: its cache is its conv's window (checked once)
+
+
+def conv_window_layer(layer: nn.Module) -> nn.Conv1d | None:
+    """The ``nn.Conv1d`` of a decoder layer's short convolution (``layer.conv``, with ``conv`` and
+    ``in_proj``) whose cache holds that conv's window and nothing else, else None.
+
+    The rule (lfm2's ``ShortConv``): the cache is the last K - 1 rows the conv was fed (for lfm2 the
+    gated projections ``B * x``); a forward over S tokens feeds it ``[window ; S new rows]``, so after
+    the first m tokens the cache is rows ``m .. m + K - 2`` of that input, with no recurrence to
+    recompute. A layer qualifies by doing this, not by its class name: once per class, from a window
+    of random rows, a forward over 4 random tokens is recorded, and for every m <= 4 mlx-lm's own
+    forward over the first m tokens must leave that slice in an ``ArraysCache(size=1)``.
+    """
+    module = getattr(layer, "conv", None)
+    conv = getattr(module, "conv", None)
+    if not isinstance(conv, nn.Conv1d) or not isinstance(getattr(module, "in_proj", None), nn.Module):
+        return None
+    if type(module) not in _WINDOW_ONLY:
+        _WINDOW_ONLY[type(module)] = _keeps_conv_window(module, conv)
+    return conv if _WINDOW_ONLY[type(module)] else None
+
+
+def _keeps_conv_window(module: nn.Module, conv: nn.Conv1d, S: int = 4) -> bool:
+    x = mx.random.normal((1, 2 * S, _input_dims(module.in_proj)), key=mx.random.key(0))
+    saved = conv.__class__
+
+    def cache_from(window):
+        cache = ArraysCache(size=1)
+        cache[0] = window
+        return cache
+    try:
+        start = ArraysCache(size=1)
+        module(x[:, :S], None, start)   # a window of random rows
+        attach(conv, _RecordingConvInput)
+        conv._ngram_verify = True
+        module(x[:, S:], None, cache_from(start[0]))
+        record = take_record(conv)
+        conv._ngram_verify = False
+        for m in range(S + 1):
+            own = cache_from(start[0])
+            if m:
+                module(x[:, S:S + m], None, own)
+            window = record.window(m)
+            if own[0].shape != window.shape or not mx.allclose(own[0], window, rtol=1e-2, atol=1e-3).item():
+                return False
+        return True
+    except Exception:   # a layer with these modules whose cache is something else
+        return False
+    finally:
+        conv.__class__ = saved
+        _clear(conv)
+
+
+def recorded_layer(layer: nn.Module | None) -> tuple[nn.Module, type] | None:
+    """What a verify forward records of a decoder layer holding an ``ArraysCache``, with its mixin:
+    its GatedDeltaNet (:func:`gdn_projections`), or its short conv's ``nn.Conv1d``
+    (:func:`conv_window_layer`); None for a layer the rollback must replay."""
+    if layer is None:
+        return None
+    gdn = gdn_layer(layer)
+    if gdn is not None and gdn_projections(gdn) is not None:
+        return gdn, _RecordingGDN
+    conv = conv_window_layer(layer)
+    return (conv, _RecordingConvInput) if conv is not None else None
 
 
 _SUBCLASSES: dict[tuple[type, type], type] = {}
@@ -253,7 +352,7 @@ def _recording_class(base: type, mixin: type) -> type:
 
 
 def attach(obj, mixin: type = _RecordingGDN):
-    """Give this instance (a GDN layer, a rotating cache) its recording subclass (idempotent;
+    """Give this instance (a GDN layer, a short conv, a rotating cache) its recording subclass (idempotent;
     parameters and state unchanged)."""
     if not isinstance(obj, mixin):
         obj.__class__ = _recording_class(type(obj), mixin)
@@ -407,6 +506,7 @@ class VerifyCache:
             raise ValueError(f"gdn_path must be one of {GDN_PATHS}, got {gdn_path!r}")
         self.model, self.cache, self.gdn_path = model, cache, gdn_path
         self.gdn: list[tuple[nn.Module, ArraysCache]] = []
+        self.conv: list[tuple[nn.Module, ArraysCache]] = []   # short convs: their nn.Conv1d, their cache
         self.rotating: list[RotatingKVCache] = []
         self.trimmed: list[Any] = []
         self.replayed: list[Any] = []           # restored from a snapshot and re-run (see keep)
@@ -419,9 +519,10 @@ class VerifyCache:
                     if c.lengths is not None or c.left_padding is not None:
                         raise RollbackUnsupported(f"cache {i} is a batched ArraysCache (lengths / left "
                                                   f"padding); speculative decoding runs batch size 1")
-                    gdn = gdn_layer(layer) if layer is not None else None
-                    if gdn is not None and gdn_projections(gdn) is not None:
-                        self.gdn.append((attach(gdn), c))
+                    recorded = recorded_layer(layer)
+                    if recorded is not None:
+                        module, mixin = recorded
+                        (self.gdn if mixin is _RecordingGDN else self.conv).append((attach(module, mixin), c))
                     else:
                         self.replayed.append(c)
                         self.replayed_layers.add(_state_layer_name(layer))
@@ -434,8 +535,9 @@ class VerifyCache:
                     self.replayed_layers.add(type(c).__name__)
         self.S = 0
         self.recorded = False
-        # the last forward's record of each GDN layer (as self.gdn), taken off the layer: the layers are the
-        # model's, shared by every VerifyCache on it, and another run's forward in between must not replace it
+        # the last forward's record of each GDN layer and short conv (as self.gdn + self.conv), taken off the
+        # layer: the layers are the model's, shared by every VerifyCache on it, and another run's forward in
+        # between must not replace it
         self.records: list | None = None
         self.tokens = self.checkpoint = None
         self.n_replays = 0
@@ -457,6 +559,9 @@ class VerifyCache:
             layer._ngram_path = self.gdn_path if record else None
             layer._ngram_every = every
             layer._ngram_record = None
+        for conv, _ in self.conv:
+            attach(conv, _RecordingConvInput)
+            conv._ngram_verify, conv._ngram_record = record, None
         for c in self.rotating:
             attach(c, _RecordingRotating)
             c._ngram_verify, c._ngram_new = record, None
@@ -467,17 +572,19 @@ class VerifyCache:
         finally:
             for layer, _ in self.gdn:
                 layer._ngram_path = None
+            for conv, _ in self.conv:
+                conv._ngram_verify = False
             for c in self.rotating:
                 c._ngram_verify = False
-            self.records = [take_record(layer) for layer, _ in self.gdn]
+            self.records = [take_record(module) for module, _ in self.gdn + self.conv]
         self.S, self.recorded = S, record
         return logits[0]
 
     def keep(self, m: int) -> None:
         """Cut every layer back to the first ``m`` tokens of the last :meth:`forward`.
 
-        Caches neither trimmed, recorded nor rotating (:attr:`replayed`: recurrent layers the GDN
-        recorder does not know, other cache types) are exact too, at the cost of a second forward:
+        Caches neither trimmed, recorded nor rotating (:attr:`replayed`: recurrent layers neither
+        recorder knows, other cache types) are exact too, at the cost of a second forward:
         for ``m < S`` every layer goes back to before the forward (those caches to the snapshot of
         their attributes taken before it) and the model re-runs the first m tokens.
         """
@@ -503,10 +610,10 @@ class VerifyCache:
         if m < self.S:
             for c in self.trimmed:
                 c.trim(self.S - m)
-            for (layer, c), rec in zip(self.gdn, self.records):
-                K = layer.conv_kernel_size
-                c[0] = mx.contiguous(rec.conv_input[:, m:m + K - 1])
-                c[1] = rec.state_after(m, layer)
+            for (module, c), rec in zip(self.gdn + self.conv, self.records):
+                c[0] = rec.window(m)
+                if rec.state0 is not None:   # a GDN layer: its recurrent state too
+                    c[1] = rec.state_after(m, module)
         if self.recorded:
             for c in self.rotating:
                 c.ngram_keep(m)
@@ -514,13 +621,13 @@ class VerifyCache:
         self.S, self.recorded = 0, False
 
     def close(self) -> None:
-        """Give the GDN layers and the rotating caches back their own class."""
-        _detach_all([layer for layer, _ in self.gdn] + self.rotating)
+        """Give the GDN layers, the short convs and the rotating caches back their own class."""
+        _detach_all([module for module, _ in self.gdn + self.conv] + self.rotating)
 
 
 def take_record(layer) -> "_Recording | None":
-    """The record a GDN layer left in the forward just run (None if it recorded nothing), removed from the
-    layer: the caller (a VerifyCache, a BatchVerifyCache) keeps it, since the layer is the model's, shared
+    """The record a GDN layer (or a short conv's nn.Conv1d) left in the forward just run (None if it recorded
+    nothing), removed from the layer: the caller (a VerifyCache, a BatchVerifyCache) keeps it, since the layer is the model's, shared
     by every run on it, and another run's forward before this one's keep() would replace it."""
     record = getattr(layer, "_ngram_record", None)
     layer._ngram_record = None

@@ -466,6 +466,8 @@ def _rollback_kind(vc: VerifyCache) -> str:
         kinds.append("ring")
     if vc.gdn:
         kinds.append("GDN record")
+    if vc.conv:
+        kinds.append("conv record")
     if vc.replayed:
         kinds.append("replay (" + ", ".join(sorted(vc.replayed_layers)) + ")")
     return " + ".join(kinds)
@@ -494,6 +496,8 @@ def render(rows: list[dict], seconds: float) -> str:
         "reject the generic tiny config: its error; the architecture is untested here, not refused). "
         "Rollback: `trim` (offset-addressed KV caches), `ring` (RotatingKVCache, exact "
         "single-step mask), `GDN record` (per-token GatedDeltaNet states, no second forward), "
+        "`conv record` (a short conv's cache, its window, cut from the conv's recorded input, no second "
+        "forward), "
         "`replay (layer classes)` (ArraysCache checkpoint restored and the accepted tokens re-run: "
         "a second forward on partial acceptance).",
         "",

@@ -105,6 +105,42 @@ def test_other_gdn_layout_and_replay_path(arch, gdn_path):
         run_steps(arch, seed, n_steps=3, gdn_path=gdn_path)
 
 
+@pytest.mark.parametrize("arch", ["lfm2", "lfm2_moe"])
+def test_short_conv_rows_match_solo(arch):
+    """lfm2's ShortConv caches (before: refused, "not a known GatedDeltaNet") verify and cut back per row."""
+    for seed in (1, 2):
+        run_steps(arch, seed, n_steps=3)
+
+
+def test_short_conv_windows_are_cut_per_row_in_one_forward():
+    """Each row's ShortConv window after keep(m) is the one mlx-lm's own forward over that row's m tokens
+    leaves (array-equal), with a single model forward (the window is cut from the conv's recorded input)."""
+    model, _ = models("lfm2")
+    prompts = [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10]]
+    rows, lengths, m = [[5, 11, 12, 13], [7, 14, 0, 0], [10, 15, 16, 0]], [4, 2, 3], [2, 2, 1]
+    calls = []
+
+    class Counting:
+        layers = model.layers
+
+        def __call__(self, *args, **kwargs):
+            calls.append(1)
+            return model(*args, **kwargs)
+    cache = batch_of(model, prompts)
+    bvc = BatchVerifyCache(Counting(), cache)
+    assert len(bvc.conv) == 2 and not bvc.gdn
+    bvc.forward(rows, lengths)
+    bvc.keep(m)
+    bvc.close()
+    assert len(calls) == 1
+    for b, prompt in enumerate(prompts):
+        solo = prefilled(model, prompt)
+        model(mx.array([rows[b][:m[b]]], mx.uint32), cache=solo)
+        for c, ref in zip(cache, solo):
+            if isinstance(c, ArraysCache):
+                assert mx.array_equal(c[0][b:b + 1], ref[0]).item(), b
+
+
 def test_sliding_window_rows_after_the_ring_wraps():
     """gemma3_text's window is 8: 6 steps of up to 6 tokens on prompts of up to 11 wrap every row's ring."""
     for seed in (11, 12, 13):

@@ -185,6 +185,113 @@ def test_unknown_recurrent_layers_are_restored_and_replayed(arch, prompt, verify
     assert mx.allclose(nxt, model(mx.array([[5, 6]]), cache=ref), atol=ATOL).item()
 
 
+SHORT_CONV = ["lfm2", "lfm2_moe", "lfm2-vl"]   # ShortConv layers 0 and 2, attention 1 and 3
+
+
+class CountingModel:
+    """A model whose forward calls are counted (a VerifyCache reads ``layers`` and calls the model)."""
+
+    def __init__(self, model):
+        self.model, self.calls = model, 0
+
+    @property
+    def layers(self):
+        return self.model.layers
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.model(*args, **kwargs)
+
+
+def assert_caches_equal(a, b):
+    """Array-equal live content: every array of an ArraysCache, the first ``offset`` rows of a KVCache."""
+    for x, y in zip(a, b):
+        if isinstance(x, ArraysCache):
+            assert all(mx.array_equal(u, v).item() for u, v in zip(x.cache, y.cache))
+        else:
+            assert x.offset == y.offset
+            assert mx.array_equal(x.keys[..., :x.offset, :], y.keys[..., :y.offset, :]).item()
+            assert mx.array_equal(x.values[..., :x.offset, :], y.values[..., :y.offset, :]).item()
+
+
+@pytest.mark.parametrize("arch", SHORT_CONV)
+@settings(max_examples=3, deadline=None)
+@given(prompt=st.lists(st.integers(0, 63), min_size=1, max_size=12),
+       verify=st.lists(st.integers(0, 63), min_size=2, max_size=7))
+def test_short_conv_window_is_cut_from_the_record_without_a_second_forward(arch, prompt, verify):
+    """lfm2's ShortConv caches only its conv window (the last K - 1 gated inputs): keep(m) cuts it from the
+    input the conv saw in the verify forward, one model forward in all for every m (before: restored and
+    re-run, a second forward for 0 < m < S), and every cache is then array-equal to mlx-lm's own forward
+    over exactly the m kept tokens from the same state."""
+    model = recurrent_model(arch)
+    for m in range(len(verify) + 1):
+        cache = make_prompt_cache(model)
+        model(mx.array([prompt]), cache=cache)
+        counted = CountingModel(model)
+        vc = VerifyCache(counted, cache)
+        assert len(vc.conv) == 2 and not vc.replayed
+        vc.forward(verify)
+        vc.keep(m)
+        assert counted.calls == 1 and vc.n_replays == 0
+        vc.close()
+        ref = make_prompt_cache(model)
+        model(mx.array([prompt]), cache=ref)
+        if m:
+            model(mx.array([verify[:m]]), cache=ref)
+        assert_caches_equal(cache, ref)
+
+
+@pytest.mark.parametrize("arch", SHORT_CONV)
+def test_short_conv_speculative_greedy_equals_plain_without_a_second_forward(arch, monkeypatch):
+    """Drafts all accepted, partly accepted and rejected on lfm2-family models: plain greedy's tokens, and
+    no keep() re-runs the model (before: every partial acceptance replayed the kept tokens)."""
+    model = recurrent_model(arch)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6, 3, 1, 4]
+    plain, _ = plain_greedy(model, prompt, 20)
+    keeps = []   # (m, S, second forwards) of every keep
+    keep = VerifyCache.keep
+
+    def counted_keep(self, m):
+        S, before = self.S, self.n_replays
+        keep(self, m)
+        keeps.append((m, S, self.n_replays - before))
+    monkeypatch.setattr(VerifyCache, "keep", counted_keep)
+    spec = [t for t, _, _ in ngram_speculative_generate_step(
+        mx.array(prompt), model, max_tokens=20, draft_max=4,
+        drafter=ScriptedDrafter(plain, [(4, None), (4, 2), (4, 0)]))]
+    assert spec == plain
+    assert {"all", "part", "none"} <= {"all" if m == S else "none" if m == 1 else "part" for m, S, _ in keeps if S > 1}
+    assert all(n == 0 for _, _, n in keeps)
+
+
+def test_short_conv_is_recorded_only_if_its_cache_is_its_conv_window():
+    """Recognition is by what the cache holds: a ShortConv whose cache is not the conv's last K - 1 input
+    rows (here: kept halved, doubled back before use) is replayed, and still exact; the unchanged ShortConv
+    layer is recorded."""
+    from mlx_lm.models import lfm2
+
+    class Halved(lfm2.ShortConv):
+        def __call__(self, x, mask=None, cache=None):
+            if cache is not None and cache[0] is not None:
+                cache[0] = 2 * cache[0]
+            out = super().__call__(x, mask, cache)
+            if cache is not None:
+                cache[0] = 0.5 * cache[0]
+            return out
+
+    model = build("lfm2", seed=4)
+    model.layers[0].conv.__class__ = Halved
+    prompt = [1, 2, 3, 1, 2, 3, 1]
+    ref = [int(t) for t, _ in generate_step(mx.array(prompt), model, max_tokens=12, sampler=argmax_sampler)]
+    vc = VerifyCache(model, make_prompt_cache(model))
+    assert len(vc.conv) == 1 and vc.replayed_layers == {"Halved"}   # layer 2 is recorded
+    vc.close()
+    spec = [t for t, _, _ in ngram_speculative_generate_step(
+        mx.array(prompt), model, max_tokens=12, draft_max=4,
+        drafter=ScriptedDrafter(ref, [(4, 1), (4, None)]))]
+    assert spec == ref
+
+
 def test_gdn_layer_is_recorded_only_if_it_computes_what_the_recorder_computes():
     """Recognition is by computation: a layer with qwen3_5's modules whose forward differs
     (here: output doubled) is not recorded but replayed, and still exact."""
