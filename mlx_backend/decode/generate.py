@@ -15,7 +15,7 @@ from typing import Any, Callable, Generator, Optional, Union
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.generate import GenerationResponse, generation_stream, wired_limit
+from mlx_lm.generate import DEFAULT_QUANTIZED_KV_START, GenerationResponse, generation_stream, wired_limit
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
@@ -122,6 +122,26 @@ def run_drafter(drafter, draft_max, *, c_st=None, c_dyn=None, history=None):
     return None if draft_max == 0 else make_drafter(name, c_st=c_st, c_dyn=c_dyn, history=history)
 
 
+def mlx_lm_draft_max(draft_max, num_draft_tokens=None, kv_bits=None, input_embeddings=None):
+    """The run's ``draft_max`` once mlx-lm's keywords are read: ``num_draft_tokens`` (its
+    ``speculative_generate_step``'s draft length) is taken as ``draft_max`` (both, disagreeing: a
+    ``ValueError``); ``kv_bits`` and ``input_embeddings`` other than None are a ``ValueError`` naming the keyword
+    and the way out (``kv_group_size`` and ``quantized_kv_start`` are read only with ``kv_bits``, as in mlx-lm).
+    The rule: a keyword of mlx-lm's is honoured or refused, never accepted and ignored."""
+    if kv_bits is not None:
+        raise ValueError("kv_bits: mlx-lm's switch to a quantized KV cache during generation is not mirrored; "
+                         "pass a prompt_cache of QuantizedKVCache layers instead (rolled back exactly), or drop it")
+    if input_embeddings is not None:
+        raise ValueError("input_embeddings: n-gram speculation drafts and verifies token ids, so a prompt given as "
+                         "embeddings (images, ...) is not supported; pass token ids, or use mlx_lm.stream_generate")
+    if num_draft_tokens is not None:
+        if draft_max is not None and draft_max != num_draft_tokens:
+            raise ValueError(f"num_draft_tokens={num_draft_tokens} and draft_max={draft_max} disagree: give one "
+                             "of them")
+        return num_draft_tokens
+    return draft_max
+
+
 class _Run:
     """The state of one speculative run: the cache and its verifier, the drafter, the draft-length policy,
     the tokens so far (``history``; its last one is the next step's input) and the counters.
@@ -134,7 +154,7 @@ class _Run:
 
     def __init__(self, prompt, model, *, max_tokens, sampler, logits_processors, prompt_cache, prefill_step_size,
                  draft_max, drafter, c_st, c_dyn, stats, draft_policy, gdn_path, suffix_history=None,
-                 max_kv_size=None, prompt_progress_callback=None):
+                 max_kv_size=None, prompt_progress_callback=None, stream=generation_stream):
         self.prompt = as_token_ids(prompt)
         check_prompt(self.prompt, model)
         if draft_max is not None and not is_whole(draft_max):
@@ -152,6 +172,7 @@ class _Run:
             raise TypeError(f"draft_policy must be a DraftPolicy (mlx_backend.decode.draft_policy), got "
                             f"{type(draft_policy).__name__}")
         self.model, self.max_tokens, self.prefill_step_size = model, max_tokens, prefill_step_size
+        self.stream = stream   # every forward runs on it (mlx-lm's generate_step's `stream`)
         self.sampler, self.logits_processors = sampler or greedy, logits_processors
         self.progress = prompt_progress_callback or (lambda done, total: None)
         self.n_vocab = vocab_size(model)
@@ -319,7 +340,7 @@ class _Run:
         ``generate_step`` runs one for its last token)."""
         n_seen = len(self.prompt) + self.n_out
         if self.callers_cache and self.n_cached == n_seen - 1:
-            with mx.stream(generation_stream):
+            with mx.stream(self.stream):
                 self.model(mx.array([[self.history[n_seen - 1]]], mx.uint32), cache=self.cache)
                 mx.async_eval([c.state for c in self.cache])   # as generate_step's: waited for at the next use
             self.n_cached += 1
@@ -344,31 +365,31 @@ def ngram_speculative_generate_step(
     prompt_cache: Optional[list[Any]] = None,
     prefill_step_size: int = 2048,   # mlx-lm generate_step's: prompt chunks matter once a window wraps
     prompt_progress_callback: Optional[Callable[[int, int], None]] = None,
-    draft_max: Optional[int] = None,
-    drafter: Union[Drafter, str, None] = None,
+    stream=generation_stream, num_draft_tokens: Optional[int] = None, input_embeddings: Optional[mx.array] = None,
+    kv_bits: Optional[int] = None, kv_group_size: int = 64, quantized_kv_start: int = DEFAULT_QUANTIZED_KV_START,
+    draft_max: Optional[int] = None, drafter: Union[Drafter, str, None] = None,
     c_st=None, c_dyn=None, history=None,   # the caches of a drafter given by name (run_drafter)
-    stats: Optional[SpecStats] = None,
-    draft_policy: Optional[DraftPolicy] = None,
-    gdn_path: Optional[str] = None,
+    stats: Optional[SpecStats] = None, draft_policy: Optional[DraftPolicy] = None, gdn_path: Optional[str] = None,
 ) -> Generator[tuple[int, mx.array, bool], None, None]:
     """Yield ``(token, logprobs, from_draft)`` like ``mlx_lm.generate.speculative_generate_step``.
 
     ``draft_max``: drafts per step (``0``: plain decoding, any model; ``None``: the cost-aware policy of
-    :mod:`mlx_backend.decode.draft_policy`, up to ``DEFAULT_K_MAX``). ``drafter``: a Drafter, or a name (lookup,
-    suffix, auto: :func:`run_drafter` over ``c_st`` / ``c_dyn`` / ``history``). A ``prompt_cache`` given holds the
-    prompt and every token yielded when the generator ends (exhausted, or closed by its consumer), as after
-    ``mlx_lm.generate.generate_step`` (:meth:`_Run.finish`); else the run makes one (rotating with
-    ``max_kv_size``). ``prompt_progress_callback``: ``generate_step``'s. ``gdn_path`` forces a rollback path
-    (:mod:`mlx_backend.decode.rollback`). A prompt id outside the vocabulary is a ``ValueError`` at the first
-    ``next``; drafts are cut before any such id. Drafting and counting follow :mod:`reference.speculative`
-    (:class:`_Run`): both backends give the same tokens, ``n_drafted`` and ``n_accept``.
+    :mod:`mlx_backend.decode.draft_policy`). ``drafter``: a Drafter, or a name (lookup, suffix, auto:
+    :func:`run_drafter` over ``c_st`` / ``c_dyn`` / ``history``). A ``prompt_cache`` given holds the prompt and
+    every token yielded when the generator ends (exhausted, or closed by its consumer), as after ``generate_step``
+    (:meth:`_Run.finish`); else the run makes one (rotating with ``max_kv_size``). mlx-lm's other keywords:
+    every forward runs on ``stream``; the rest as :func:`mlx_lm_draft_max`. ``gdn_path`` forces a rollback path.
+    A prompt id outside the vocabulary is a ``ValueError`` at the first ``next``; drafts are cut before any such
+    id. Drafting and counting follow :mod:`reference.speculative` (:class:`_Run`).
     """
+    draft_max = mlx_lm_draft_max(draft_max, num_draft_tokens, kv_bits, input_embeddings)
     run = _Run(prompt, model, max_tokens=max_tokens, sampler=sampler, logits_processors=logits_processors,
                prompt_cache=prompt_cache, max_kv_size=max_kv_size, prefill_step_size=prefill_step_size,
                prompt_progress_callback=prompt_progress_callback, draft_max=draft_max, drafter=drafter, c_st=c_st,
-               c_dyn=c_dyn, suffix_history=history, stats=stats, draft_policy=draft_policy, gdn_path=gdn_path)
+               c_dyn=c_dyn, suffix_history=history, stats=stats, draft_policy=draft_policy, gdn_path=gdn_path,
+               stream=stream)
     try:
-        with mx.stream(generation_stream):
+        with mx.stream(stream):
             run.prefill()
             while run.more():   # the cache holds every token before run.history[-1]
                 proposal = run.propose(run.room(run.n_out))   # draft: up to room() tokens after the history
@@ -395,31 +416,23 @@ def ngram_speculative_generate_step(
         run.close()
 
 
-def stream_generate(model: nn.Module, tokenizer, prompt, max_tokens: int = 256,
-                    max_kv_size: Optional[int] = None, draft_model: Optional[nn.Module] = None,
-                    num_draft_tokens: Optional[int] = None, **kwargs) -> Generator[GenerationResponse, None, None]:
+def stream_generate(model: nn.Module, tokenizer, prompt, max_tokens: int = 256, draft_model: Optional[nn.Module] = None,
+                    stream=generation_stream, **kwargs) -> Generator[GenerationResponse, None, None]:
     """``mlx_lm.stream_generate`` with n-gram speculative decoding; yields ``GenerationResponse``.
 
-    ``kwargs`` go to :func:`ngram_speculative_generate_step` (``draft_max``, ``sampler``, ``stats``,
-    ``prompt_progress_callback``, ...). Stops at the tokenizer's EOS tokens like mlx-lm (the EOS token is
-    not yielded as text). mlx-lm's ``num_draft_tokens`` is taken as ``draft_max``; a ``draft_model`` and
-    ``kv_bits`` are refused with a ``ValueError``: the drafts come from the text, and the switch to a
-    quantized cache mid-generation is not mirrored (a ``QuantizedKVCache`` prompt cache is).
+    mlx-lm's signature, positions included (a draft model passed fifth is refused, not read as another
+    argument). ``kwargs`` go to :func:`ngram_speculative_generate_step` (``draft_max``, ``sampler``, ``stats``,
+    ``max_kv_size``, ``prompt_progress_callback``, ...): every forward runs on ``stream``, ``num_draft_tokens`` is
+    taken as ``draft_max``, and ``kv_bits`` or ``input_embeddings`` is a ``ValueError`` (:func:`mlx_lm_draft_max`),
+    as is a ``draft_model``: the drafts come from the text. Stops at the tokenizer's EOS tokens like mlx-lm (the
+    EOS token is not yielded as text).
     """
     if max_tokens == 0:
         raise ValueError("max_tokens must be non-zero (use -1 for no limit)")
     if draft_model is not None:
-        raise ValueError("draft_model: ngram-spec drafts from the text itself, not from a draft model; drop it "
-                         "(draft_max sets the draft length)")
-    if kwargs.pop("kv_bits", None) is not None:
-        raise ValueError("kv_bits: mlx-lm's switch to a quantized KV cache during generation is not mirrored; "
-                         "pass a prompt_cache of QuantizedKVCache layers instead (rolled back exactly), or drop it")
-    kwargs.pop("kv_group_size", None), kwargs.pop("quantized_kv_start", None)   # only read with kv_bits
-    if num_draft_tokens is not None:
-        if kwargs.get("draft_max", num_draft_tokens) != num_draft_tokens:
-            raise ValueError(f"num_draft_tokens={num_draft_tokens} and draft_max={kwargs['draft_max']} disagree: "
-                             "give one of them")
-        kwargs["draft_max"] = num_draft_tokens
+        raise ValueError("draft_model (by name, or the fifth argument as in mlx-lm): ngram-spec drafts from the text "
+                         "itself, not from a draft model; drop it (draft_max sets the draft length; max_kv_size and "
+                         "the rest go by name)")
     if not isinstance(tokenizer, TokenizerWrapper):
         tokenizer = TokenizerWrapper(tokenizer)
     if not isinstance(prompt, mx.array):
@@ -429,11 +442,11 @@ def stream_generate(model: nn.Module, tokenizer, prompt, max_tokens: int = 256,
         prompt = mx.array(prompt)
     detokenizer = tokenizer.detokenizer
     detokenizer.reset()
-    steps = ngram_speculative_generate_step(prompt, model, max_tokens=max_tokens, max_kv_size=max_kv_size, **kwargs)
+    steps = ngram_speculative_generate_step(prompt, model, max_tokens=max_tokens, stream=stream, **kwargs)
     n, token, logprobs, from_draft = 0, None, None, False
     # as mlx_lm.stream_generate: on Metal the weights are wired (the device's recommended working set) while it
     # runs, so a large model is not paged out between steps; a no-op on the CPU
-    with wired_limit(model, [generation_stream]):
+    with wired_limit(model, [stream]):
         tic = time.perf_counter()
         prompt_tps = 0.0
         for n, (token, logprobs, from_draft) in enumerate(steps):

@@ -880,7 +880,8 @@ class SpecResponseGenerator(mlx_server.ResponseGenerator):
                 model, tokenizer, mx.array(rest), max_tokens, sampler=kwargs.get("sampler"),
                 logits_processors=kwargs.get("logits_processors"), prompt_cache=prompt_cache,
                 prefill_step_size=kwargs.get("prefill_step_size", 2048), draft_max=spec.draft_max,
-                drafter=drafter, stats=spec.stats, prompt_progress_callback=kwargs.get("prompt_progress_callback"))
+                drafter=drafter, stats=spec.stats, prompt_progress_callback=kwargs.get("prompt_progress_callback"),
+                **({"stream": kwargs["stream"]} if "stream" in kwargs else {}))   # mlx-lm's server's stream
         else:
             spec.speculative = False
             responses = plain_stream_generate(model, tokenizer, mx.array(rest), max_tokens,

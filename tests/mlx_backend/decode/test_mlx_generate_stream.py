@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import functools
 
+import mlx.core as mx
 import mlx_lm
 import pytest
-from mlx_lm.generate import GenerationResponse
+from mlx_lm.generate import GenerationResponse, generation_stream
+from mlx_lm.models.cache import make_prompt_cache
 
-from mlx_backend.decode.generate import SpecStats, stream_generate
+from mlx_backend.decode.generate import SpecStats, ngram_speculative_generate_step, stream_generate
 from reference.models.tiny import write_tiny_model
 
 from test_mlx_generate import ScriptedDrafter, argmax_sampler
@@ -80,8 +82,6 @@ def test_stream_generate_wires_the_model_as_mlx_lm_does_on_metal(tmp_root, monke
     """On Metal (simulated: the device reports a recommended working set) mlx_lm.stream_generate sets mlx's wired
     limit to it while generating and restores it after; ours must do the same, or a Mac user's speculative run
     pages where the plain one (``--no-spec``, mlx-lm's own) does not."""
-    import mlx.core as mx
-
     model, tokenizer = loaded("llama", tmp_root)
     limits = []
     monkeypatch.setattr(mx, "device_info", lambda: {"max_recommended_working_set_size": 1 << 40})
@@ -97,3 +97,56 @@ def test_stream_generate_wires_the_model_as_mlx_lm_does_on_metal(tmp_root, monke
     limits.clear()
     ours = run(stream_generate(model, tokenizer, "xyzzy xyzzy", max_tokens=6, draft_max=4))
     assert limits == [1 << 40, 7] and ours[0] == [1 << 40]                     # set while generating, then restored
+
+
+def test_stream_generate_takes_mlx_lm_s_arguments_in_mlx_lm_s_places(tmp_root, monkeypatch):
+    """mlx-lm's places: (model, tokenizer, prompt, max_tokens, draft_model, stream). A draft model passed fifth is
+    refused as by name (it was read as max_kv_size and dropped: a run the caller did not ask for), and a stream
+    passed sixth runs every forward (prefill, verify steps, plain steps, the last token into the caller's cache),
+    as mlx-lm's does (it was refused as a draft model; by name, as an unknown keyword)."""
+    model, tokenizer = loaded("llama", tmp_root)
+    with pytest.raises(ValueError, match="draft_model"):
+        next(stream_generate(model, tokenizer, "abcab", 4, model))
+    stream, streams = mx.new_stream(mx.default_device()), []
+    forward = type(model).__call__
+
+    def recorded(self, *args, **kwargs):
+        streams.append(mx.default_stream(mx.default_device()))
+        return forward(self, *args, **kwargs)
+    monkeypatch.setattr(type(model), "__call__", recorded)
+    prompt = "abcab" * 3
+    list(mlx_lm.stream_generate(model, tokenizer, prompt, 8, None, stream, prefill_step_size=4))
+    assert streams and all(s == stream for s in streams)   # the truth: mlx-lm runs them all on it
+    for draft_max in (None, 0, 3):
+        streams.clear()
+        list(stream_generate(model, tokenizer, prompt, 8, None, stream, prefill_step_size=4, draft_max=draft_max,
+                             prompt_cache=make_prompt_cache(model)))
+        assert len(streams) > 4 and all(s == stream for s in streams), (draft_max, streams)
+
+
+def test_mlx_lm_s_keywords_at_their_defaults_are_taken_and_the_rest_refused(tmp_root):
+    """mlx-lm's server passes every keyword of stream_generate, most at its default (stream, input_embeddings=None,
+    kv_bits=None, kv_group_size, quantized_kv_start, num_draft_tokens): that call runs (was a TypeError: stream,
+    input_embeddings) and gives mlx-lm's tokens; ngram_speculative_generate_step takes the same keywords (was a
+    TypeError for each); what cannot be honoured is one ValueError naming it."""
+    model, tokenizer = loaded("llama", tmp_root)
+    server = dict(stream=generation_stream, sampler=argmax_sampler, logits_processors=None, draft_model=None,
+                  num_draft_tokens=0, input_embeddings=None, prompt_progress_callback=None, prefill_step_size=4,
+                  kv_bits=None, kv_group_size=64, quantized_kv_start=5000)
+    ref = [r.token for r in mlx_lm.stream_generate(model, tokenizer, "abcab", 8, prompt_cache=make_prompt_cache(model),
+                                                   **server)]
+    ours = [r.token for r in stream_generate(model, tokenizer, "abcab", 8, prompt_cache=make_prompt_cache(model),
+                                             **server)]
+    assert ours == ref   # num_draft_tokens=0: plain decoding, mlx-lm's own steps
+    step = functools.partial(ngram_speculative_generate_step, mx.array([104, 105, 104, 105]), model, max_tokens=8)
+    assert ([t for t, _, _ in step(stream=generation_stream, num_draft_tokens=2, input_embeddings=None, kv_bits=None,
+                                   kv_group_size=32, quantized_kv_start=0)]
+            == [t for t, _, _ in step(draft_max=2)])
+    embeddings = mx.zeros((5, 32))
+    for bad, word in [(dict(input_embeddings=embeddings), "input_embeddings: .* pass token ids"),
+                      (dict(kv_bits=4), "kv_bits: .* QuantizedKVCache"),
+                      (dict(num_draft_tokens=2, draft_max=3), "num_draft_tokens=2 and draft_max=3")]:
+        with pytest.raises(ValueError, match=word):
+            next(step(**bad))
+        with pytest.raises(ValueError, match=word):
+            next(stream_generate(model, tokenizer, "abcab", 4, **bad))

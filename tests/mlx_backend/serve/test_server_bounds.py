@@ -158,3 +158,30 @@ def test_a_bad_dynamic_max_entries_is_one_line(capsys, value):
         assert f"argument --dynamic-max-entries: invalid int value: '{value}'" in err, err
     with pytest.raises(ValueError, match="--dynamic-max-entries must be an integer >= 0"):
         NgramSpeculator(dynamic_max_entries=-1)
+
+
+def test_the_speculative_path_runs_on_the_stream_mlx_lm_s_server_gives(monkeypatch):
+    """mlx-lm's server generates on its own stream (the default device's, so that generation and a sharded
+    model's synchronisation share one) and passes it as ``stream``; the plain path took it, the speculative
+    one dropped it and ran on mlx-lm's module-level generation stream."""
+    import types
+
+    import mlx.core as mx
+
+    from mlx_backend.serve import server
+
+    class Called(Exception):
+        pass
+
+    def spec_stream_generate(*args, **kwargs):
+        raise Called(kwargs)
+
+    monkeypatch.setattr(server, "spec_stream_generate", spec_stream_generate)
+    spec = server.RequestSpec(True, 4, None)
+    me = types.SimpleNamespace(_current=(types.SimpleNamespace(spec=spec), [1, 2, 3, 1, 2]))
+    stream = mx.new_stream(mx.cpu)
+    steps = server.SpecResponseGenerator._stream_generate(me, None, types.SimpleNamespace(eos_token_ids=[0]), [2], 5,
+                                                          draft_model=server.NgramSpeculator(), stream=stream)
+    with pytest.raises(Called) as called:
+        next(steps)
+    assert called.value.args[0]["stream"] is stream
