@@ -20,8 +20,13 @@ runs such forwards and then :meth:`VerifyCache.keep` cuts every layer back to ``
   get ``cache[0]`` = the conv window ending at token m, the same slice of the conv's input
   ``[window ; S new rows]``, kept as the conv saw it during the verify forward (no recurrence: nothing else);
 * every other cache (``ArraysCache`` of Mamba / SSM / other linear-attention layers, custom
-  cache classes) is snapshotted before the verify forward; ``keep(m < S)`` puts every layer back
-  to before it and re-runs the first m tokens (a second forward over m tokens).
+  cache classes) is snapshotted before the verify forward; ``keep(m < S)`` puts it back to before
+  the forward and re-runs the first m tokens. Where every such cache is an ``ArraysCache`` and the
+  model qualifies (:func:`layer_replay_qualifies`, checked once per class), only the decoder layers
+  holding them are re-run, each on the first m positions of the arguments it got in the verify
+  forward (recorded by :class:`_RecordingCall`; a KV cache in the same layer is trimmed to before
+  the forward first and gets its m rows again): no second model forward. Otherwise the whole model
+  re-runs the m tokens (a second forward).
 
 For the recurrent state there are two paths (:data:`GDN_PATHS`):
 
@@ -42,13 +47,15 @@ depthwise conv is computed as shifted multiply-adds (:mod:`mlx_backend.decode.co
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 from typing import Any, Callable
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-from mlx_lm.models.cache import ArraysCache, CacheList, RotatingKVCache
+from mlx.utils import tree_flatten, tree_map
+from mlx_lm.models.cache import ArraysCache, CacheList, RotatingKVCache, make_prompt_cache
 try:
     from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk
 except ImportError as exc:   # normalize_qk arrived in mlx-lm 0.32
@@ -451,6 +458,164 @@ class _RecordingRotating:
             super().update_and_fetch(keys[..., t:t + 1, :], values[..., t:t + 1, :])
 
 
+# -- decoder layers re-run alone on their recorded arguments (layer-local replay) -----------------
+
+class _RecordingCall:
+    """Mixin put in front of a decoder layer's class, per instance (see :func:`attach`).
+
+    With ``_ngram_verify`` off the call is mlx-lm's. During a verify forward it is mlx-lm's too, and
+    the arguments of each call (hidden states, masks, cache, ...) are appended to ``_ngram_calls``.
+    """
+
+    _ngram_verify = False
+    _ngram_calls = None
+
+    def __call__(self, *args, **kwargs):
+        if self._ngram_verify:
+            if self._ngram_calls is None:   # an attribute, not a child module (nn.Module keeps lists as items)
+                object.__setattr__(self, "_ngram_calls", [])
+            self._ngram_calls.append((args, kwargs))
+        return super().__call__(*args, **kwargs)
+
+
+_SCALARS = (type(None), str, bool, int, float)
+
+
+def _holds_array(value) -> bool:
+    if isinstance(value, mx.array):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_holds_array(v) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_array(v) for v in value.values())
+    return False
+
+
+def _first_rows(value, name: str, S: int, m: int, first: bool):
+    """``value`` (an argument a decoder layer got in a verify forward over S tokens) as it is for the
+    first m tokens, or ``_UNKNOWN``: a mask (a parameter named ``*mask*``) ``[..., S, N + S]`` becomes
+    ``[..., m, N + m]`` (the queries of the first m tokens, the keys before them and theirs: what mlx-lm's
+    ``create_causal_mask`` gives for m tokens, windowed or not); another array with the S axis second
+    (``[B, S, ...]``: hidden states, rwkv7's ``v_first``) keeps its first m rows; None, strings, numbers
+    and objects without arrays (caches, "causal") are the same for m tokens. Anything else is unknown."""
+    if isinstance(value, mx.array):
+        if "mask" in name.lower() and not first:
+            if value.ndim >= 2 and value.shape[-2] == S and value.shape[-1] >= S:
+                return value[..., :m, :value.shape[-1] - S + m]
+            return _UNKNOWN
+        if value.ndim >= 2 and value.shape[1] == S:
+            return value[:, :m]
+        return _UNKNOWN
+    if isinstance(value, _SCALARS) or not _holds_array(value):
+        return value
+    return _UNKNOWN
+
+
+_UNKNOWN = object()
+
+
+@functools.lru_cache(maxsize=None)
+def _parameter_names(cls: type) -> tuple[str, ...]:
+    """The names of ``cls.__call__``'s parameters after ``self`` (empty if they cannot be read)."""
+    try:
+        return tuple(inspect.signature(cls.__call__).parameters)[1:]
+    except (TypeError, ValueError):
+        return ()
+
+
+def _cut_call(layer, args: tuple, kwargs: dict, S: int, m: int) -> tuple[tuple, dict] | None:
+    """The arguments of a recorded decoder-layer call cut to the first m tokens, or None if one of
+    them is of a kind :func:`_first_rows` does not know."""
+    names = _parameter_names(layer._ngram_base)
+    cut_args = tuple(_first_rows(v, names[i] if i < len(names) else "", S, m, i == 0)
+                     for i, v in enumerate(args))
+    cut_kwargs = {k: _first_rows(v, k, S, m, False) for k, v in kwargs.items()}
+    if any(v is _UNKNOWN for v in cut_args + tuple(cut_kwargs.values())):
+        return None
+    return cut_args, cut_kwargs
+
+
+def _subcaches(value) -> list:
+    return list(value.caches) if isinstance(value, CacheList) else [value]
+
+
+#: Per (model class, its decoder layer classes): whether layer-local replay gave the full replay's caches.
+_LAYER_REPLAY: dict[tuple, bool] = {}
+#: Tolerance of that check (the re-run layers see the verify forward's hidden states, computed over S
+#: tokens; the full replay recomputes them over m: the same numbers up to float rounding).
+LAYER_REPLAY_RTOL, LAYER_REPLAY_ATOL = 1e-4, 1e-5
+
+
+def layer_replay_qualifies(model: nn.Module) -> bool:
+    """Whether :meth:`VerifyCache.keep` may re-run only the decoder layers holding replayed caches.
+
+    Checked once per model class and set of decoder layer classes, on random tokens: from a 3-token
+    prompt, a verify forward over 5 tokens, then for m = 1 (a single-token cut: masks become one row)
+    and m = 3 ``keep(m)`` layer-locally and by the full replay (restore, then the model over the m
+    tokens) must leave every cache allclose
+    (:data:`LAYER_REPLAY_RTOL`, :data:`LAYER_REPLAY_ATOL`; same shapes), and the layer-local keep must
+    have re-run the layers (not fallen back). A model that fails, or raises, keeps the full replay.
+    """
+    layers = list(getattr(model, "layers", []))
+    key = (type(model), frozenset(getattr(l, "_ngram_base", type(l)) for l in layers))
+    if key not in _LAYER_REPLAY:
+        _LAYER_REPLAY[key] = False   # while checking (the check builds VerifyCaches on this model)
+        _LAYER_REPLAY[key] = _replays_layer_locally(model)
+    return _LAYER_REPLAY[key]
+
+
+def _live_state(cache) -> Any:
+    """What a cache holds for the tokens it has seen (a KV cache's first ``offset`` rows, not its buffer)."""
+    if isinstance(cache, ArraysCache):
+        return list(cache.cache)
+    if isinstance(cache, RotatingKVCache):   # a ring: its buffer as it is
+        return cache.state
+    if getattr(cache, "keys", None) is not None and isinstance(getattr(cache, "offset", None), int):
+        def rows(x):
+            return x[..., :cache.offset, :]
+        return [cache.offset, tree_map(rows, cache.keys), tree_map(rows, cache.values)]
+    return cache.state
+
+
+def _replays_layer_locally(model: nn.Module, P: int = 3, S: int = 5) -> bool:
+    def prefilled(tokens):
+        cache = make_prompt_cache(model)
+        model(mx.array([tokens]), cache=cache)
+        return cache
+    try:
+        vocab = model(mx.array([[0]]), cache=make_prompt_cache(model)).shape[-1]
+        tokens = mx.random.randint(0, vocab, (P + S,), key=mx.random.key(0)).tolist()
+        for m in (1, S - 2):   # about ten forwards of at most 5 tokens, once per process and class
+            caches = []
+            for local in (True, False):
+                cache = prefilled(tokens[:P])
+                vc = VerifyCache(model, cache, layer_replay=local)
+                try:
+                    if not vc.replayed:
+                        return False
+                    vc.forward(tokens[P:])
+                    vc.keep(m)
+                    if vc.n_layer_replays != local or vc.n_replays != (not local):
+                        return False
+                finally:
+                    vc.close()
+                caches.append([_live_state(c) for top in cache for c in _subcaches(top)])
+            a, b = (tree_flatten(c) for c in caches)
+            if len(a) != len(b):
+                return False
+            for (_, x), (_, y) in zip(a, b):
+                if not isinstance(x, mx.array) or not isinstance(y, mx.array):
+                    if (x is None) != (y is None):
+                        return False
+                    continue
+                if x.shape != y.shape or not mx.allclose(x, y, rtol=LAYER_REPLAY_RTOL,
+                                                         atol=LAYER_REPLAY_ATOL).item():
+                    return False
+        return True
+    except Exception:   # a layer the recorded arguments cannot re-run, a model the check cannot drive
+        return False
+
+
 def gdn_layer(layer: nn.Module):
     """The GatedDeltaNet module of a decoder layer, or None if it has none."""
     module = getattr(layer, "linear_attn", None)
@@ -497,7 +662,7 @@ class VerifyCache:
     """
 
     def __init__(self, model: nn.Module, cache: list[Any], gdn_path: str | None = None,
-                 gdn_checkpoint_every: int | None = None):
+                 gdn_checkpoint_every: int | None = None, layer_replay: bool | None = None):
         gdn_path = gdn_path or default_gdn_path()
         if gdn_checkpoint_every is not None and gdn_checkpoint_every < 1:
             raise ValueError(f"gdn_checkpoint_every must be >= 1, got {gdn_checkpoint_every}")
@@ -540,7 +705,17 @@ class VerifyCache:
         # between must not replace it
         self.records: list | None = None
         self.tokens = self.checkpoint = None
-        self.n_replays = 0
+        self.n_replays = 0         # keeps that re-ran the whole model (the full replay)
+        self.n_layer_replays = 0   # keeps that re-ran only the decoder layers holding replayed caches
+        # layer-local replay (see keep): every replayed cache an ArraysCache, the model qualified
+        self.layers: list[nn.Module] = []
+        self.calls: list | None = None   # the last forward's recorded decoder-layer calls (_record_calls)
+        if self.replayed and all(isinstance(c, ArraysCache) for c in self.replayed) and layers:
+            if layer_replay is None:
+                layer_replay = layer_replay_qualifies(model)
+            if layer_replay:
+                self.layers = layers
+        self.layer_replay = bool(self.layers)
         # bytes of one recurrent state of every GDN layer together (float32 [Hv, Dv, Dk] each)
         self.state_bytes = sum(4 * g.num_v_heads * g.head_v_dim * g.head_k_dim for g, _ in self.gdn)
 
@@ -567,9 +742,16 @@ class VerifyCache:
             c._ngram_verify, c._ngram_new = record, None
         if record and self.replayed:
             self.tokens, self.checkpoint = tokens, [_snapshot(vars(c)) for c in self.replayed]
+        for layer in self.layers:
+            attach(layer, _RecordingCall)
+            layer._ngram_verify, layer._ngram_calls = record, None
+        self.calls = None
         try:
             logits = self.model(tokens.reshape(1, S), cache=self.cache)
         finally:
+            if self.layers:
+                self.calls = self._record_calls() if record else None
+
             for layer, _ in self.gdn:
                 layer._ngram_path = None
             for conv, _ in self.conv:
@@ -580,18 +762,50 @@ class VerifyCache:
         self.S, self.recorded = S, record
         return logits[0]
 
+    def _record_calls(self) -> list | None:
+        """The decoder-layer calls of the forward just run that hold the replayed caches, one per layer:
+        ``(layer, args, kwargs, trimmed caches of that layer)``; None (then :meth:`keep` replays the
+        whole model) unless each replayed cache was passed to exactly one layer call, in a cache
+        (or ``CacheList``) whose other parts are all trimmed (offset-addressed KV)."""
+        replayed, trimmed = {id(c) for c in self.replayed}, {id(c) for c in self.trimmed}
+        calls, covered, ok = [], set(), True
+        for layer in self.layers:
+            layer._ngram_verify = False
+            recorded, layer._ngram_calls = layer._ngram_calls or [], None
+            for args, kwargs in recorded:
+                held = [v for v in (*args, *kwargs.values())
+                        if any(id(c) in replayed for c in _subcaches(v))]
+                if not held:
+                    continue
+                subs = [c for v in held for c in _subcaches(v)]
+                ids = {id(c) for c in subs}
+                if len(held) != 1 or len(recorded) != 1 or ids & covered or not ids <= replayed | trimmed:
+                    ok = False
+                covered |= ids
+                calls.append((layer, args, kwargs, [c for c in subs if id(c) in trimmed]))
+        return calls if ok and replayed <= covered else None
+
     def keep(self, m: int) -> None:
         """Cut every layer back to the first ``m`` tokens of the last :meth:`forward`.
 
         Caches neither trimmed, recorded nor rotating (:attr:`replayed`: recurrent layers neither
-        recorder knows, other cache types) are exact too, at the cost of a second forward:
-        for ``m < S`` every layer goes back to before the forward (those caches to the snapshot of
-        their attributes taken before it) and the model re-runs the first m tokens.
+        recorder knows, other cache types) are exact too: for ``m < S`` they go back to the snapshot
+        of their attributes taken before the forward, and the first m tokens are re-run. Where the
+        model qualifies (:attr:`layer_replay`) only the decoder layers holding them are re-run, each
+        on the first m positions of the arguments it got in the forward (their KV caches trimmed to
+        before the forward first); else every layer goes back to before the forward and the model
+        re-runs the first m tokens (a second forward).
         """
         if not 0 <= m <= self.S:
             raise ValueError(f"keep(m) needs 0 <= m <= S = {self.S}, got {m}")
         if m < self.S and not self.recorded:
             raise ValueError("keep(m < S) needs a forward with record=True")
+        calls, self.calls = self.calls, None
+        if m < self.S and self.replayed and calls is not None:
+            cut = [_cut_call(layer, args, kwargs, self.S, m) for layer, args, kwargs, _ in calls]
+            if all(c is not None for c in cut):
+                self._replay_layers(m, calls, cut)
+                return
         if m < self.S and self.replayed:
             tokens = self.tokens
             self._cut(0)
@@ -606,10 +820,24 @@ class VerifyCache:
         self._cut(m)
         self.tokens = self.checkpoint = None
 
-    def _cut(self, m: int) -> None:
+    def _replay_layers(self, m: int, calls: list, cut: list) -> None:
+        """keep(m) by layer-local replay: the replayed caches back to their snapshot, the KV caches of
+        the same layers trimmed to before the forward, then each of those layers alone on its cut
+        arguments (its output discarded: unevaluated, mlx computes only what the caches need)."""
+        rerun = {id(c) for _, _, _, kv in calls for c in kv}
+        self._cut(m, before=rerun)
+        for c, saved in zip(self.replayed, self.checkpoint):
+            vars(c).update(saved)
+        self.tokens = self.checkpoint = None
+        if m:
+            self.n_layer_replays += 1
+            for (layer, _, _, _), (args, kwargs) in zip(calls, cut):
+                layer._ngram_base.__call__(layer, *args, **kwargs)
+
+    def _cut(self, m: int, before: set[int] = frozenset()) -> None:
         if m < self.S:
             for c in self.trimmed:
-                c.trim(self.S - m)
+                c.trim(self.S if id(c) in before else self.S - m)
             for (module, c), rec in zip(self.gdn + self.conv, self.records):
                 c[0] = rec.window(m)
                 if rec.state0 is not None:   # a GDN layer: its recurrent state too
@@ -621,8 +849,8 @@ class VerifyCache:
         self.S, self.recorded = 0, False
 
     def close(self) -> None:
-        """Give the GDN layers, the short convs and the rotating caches back their own class."""
-        _detach_all([module for module, _ in self.gdn + self.conv] + self.rotating)
+        """Give the GDN layers, the short convs, the rotating caches and the decoder layers back their own class."""
+        _detach_all([module for module, _ in self.gdn + self.conv] + self.rotating + self.layers)
 
 
 def take_record(layer) -> "_Recording | None":

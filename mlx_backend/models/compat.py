@@ -469,7 +469,8 @@ def _rollback_kind(vc: VerifyCache) -> str:
     if vc.conv:
         kinds.append("conv record")
     if vc.replayed:
-        kinds.append("replay (" + ", ".join(sorted(vc.replayed_layers)) + ")")
+        kind = "layer replay" if vc.layer_replay else "replay"
+        kinds.append(kind + " (" + ", ".join(sorted(vc.replayed_layers)) + ")")
     return " + ".join(kinds)
 
 
@@ -498,8 +499,10 @@ def render(rows: list[dict], seconds: float) -> str:
         "single-step mask), `GDN record` (per-token GatedDeltaNet states, no second forward), "
         "`conv record` (a short conv's cache, its window, cut from the conv's recorded input, no second "
         "forward), "
-        "`replay (layer classes)` (ArraysCache checkpoint restored and the accepted tokens re-run: "
-        "a second forward on partial acceptance).",
+        "`layer replay (layer classes)` (ArraysCache checkpoint restored and, on partial acceptance, "
+        "only the decoder layers holding it re-run on the accepted tokens' recorded inputs: no second "
+        "forward), `replay (layer classes)` (the same checkpoint, and the accepted tokens re-run "
+        "through the whole model: a second forward on partial acceptance).",
         "",
         "| verdict | architectures |",
         "|---|---|",

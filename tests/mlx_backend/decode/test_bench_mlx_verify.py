@@ -151,3 +151,80 @@ def test_bench_policy_prediction(benchmark, size):
         table[a] = {"n": n, "predicted_speedup": round(p.expected_tokens(n) / p.costs[n] * p.costs[0], 3)}
     benchmark.group = f"policy-{size}"
     _info(benchmark, size=size, cost_rel=[round(c / costs[0], 3) for c in costs], by_acceptance=table)
+
+
+@functools.cache
+def granite_hybrid():
+    """A ~30M-parameter granitemoehybrid (Mamba2 layers, one attention layer in four) with mlx-lm's init."""
+    from mlx_lm.models import granitemoehybrid as g
+    from mlx_backend.models.compat import tiny_config
+    config = dict(tiny_config(g), vocab_size=32000, hidden_size=512, intermediate_size=1024,
+                  shared_intermediate_size=1024, num_hidden_layers=8, num_attention_heads=8,
+                  num_key_value_heads=2, mamba_n_heads=16, mamba_d_head=64, mamba_d_state=64,
+                  layer_types=["mamba", "mamba", "mamba", "attention"] * 2)
+    mx.random.seed(0)
+    model = g.Model(g.ModelArgs.from_dict(config))
+    mx.eval(model.parameters())
+    return model
+
+
+@pytest.mark.parametrize("S", [16, 32])
+@pytest.mark.parametrize("replay", ["full", "layer"])
+def test_bench_keep_replayed_layers(benchmark, replay, S):
+    """keep(S // 2) after a verify forward of S tokens on a Mamba2 hybrid: the full replay (the model over
+    the m kept tokens again) vs the layer-local one (only the Mamba2 layers, on their recorded input)."""
+    model = granite_hybrid()
+    tokens = mx.arange(S, dtype=mx.uint32) % 50
+    prompt = mx.arange(64).reshape(1, -1) % 50
+    state = {}
+
+    def setup():
+        cache = make_prompt_cache(model)
+        model(prompt, cache=cache)
+        vc = VerifyCache(model, cache, layer_replay=replay == "layer")
+        mx.eval(vc.forward(tokens, record=True), [c.state for c in cache])
+        state.update(vc=vc, cache=cache)
+
+    def keep():
+        state["vc"].keep(S // 2)
+        mx.eval([c.state for c in state["cache"]])
+
+    benchmark.group = f"keep-hybrid-S{S}"
+    benchmark.pedantic(keep, setup=setup, rounds=8, warmup_rounds=1)
+    assert state["vc"].n_layer_replays == (replay == "layer")
+    _info(benchmark, S=S, replay=replay)
+
+
+@pytest.mark.parametrize("mode", ["plain", "full replay", "layer replay"])
+def test_bench_hybrid_decode(benchmark, mode, monkeypatch):
+    """32 greedy tokens on the Mamba2 hybrid after a 16-token prompt: plain ``generate_step`` and
+    speculative decoding with drafts of 8 that are wrong at their 5th token (5 tokens per forward, every
+    step a partial acceptance), rolled back by the full replay and by the layer-local one. The
+    speculative output is asserted equal to plain's."""
+    from mlx_backend.decode import rollback
+    from test_mlx_generate import ScriptedDrafter
+    model, n = granite_hybrid(), 32
+    prompt = [int(t) for t in mx.arange(16) % 50]
+    plain = [int(t) for t, _ in generate_step(mx.array(prompt), model, max_tokens=n,
+                                             sampler=lambda x: mx.argmax(x, axis=-1))]
+    if mode == "full replay":
+        monkeypatch.setattr(rollback, "layer_replay_qualifies", lambda model: False)
+    out = {}
+
+    def run():
+        if mode == "plain":
+            out["tokens"] = [int(t) for t, _ in generate_step(mx.array(prompt), model, max_tokens=n,
+                                                              sampler=lambda x: mx.argmax(x, axis=-1))]
+            return
+        stats = SpecStats()
+        out["tokens"] = [int(t) for t, _, _ in ngram_speculative_generate_step(
+            mx.array(prompt), model, max_tokens=n, draft_max=8, stats=stats,
+            drafter=ScriptedDrafter(plain, [(8, 4)]))]
+        out["stats"] = stats
+
+    benchmark.group = "hybrid-decode"
+    benchmark.pedantic(run, rounds=3, warmup_rounds=1)
+    assert out["tokens"] == plain
+    _info(benchmark, mode=mode, tokens=n,
+          steps=out["stats"].steps if "stats" in out else n,
+          t_rollback_s=round(out["stats"].t_rollback, 3) if "stats" in out else 0.0)

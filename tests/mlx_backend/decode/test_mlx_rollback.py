@@ -168,7 +168,8 @@ def recurrent_model(arch):
        verify=st.lists(st.integers(0, 63), min_size=2, max_size=7), data=st.data())
 def test_unknown_recurrent_layers_are_restored_and_replayed(arch, prompt, verify, data):
     """Recurrent layers the GDN recorder does not know (Mamba, olmo_hybrid's GatedDeltaNet) are
-    checkpointed before the verify forward; keep(m < S) restores them and re-runs m tokens."""
+    checkpointed before the verify forward; keep(m < S) restores them and re-runs m tokens (their
+    layers alone where the model qualifies, else the whole model)."""
     m = data.draw(st.integers(0, len(verify)), label="m")
     model = recurrent_model(arch)
     cache = make_prompt_cache(model)
@@ -177,7 +178,7 @@ def test_unknown_recurrent_layers_are_restored_and_replayed(arch, prompt, verify
     assert vc.replayed and not vc.gdn
     vc.forward(verify)
     vc.keep(m)
-    assert vc.n_replays == (0 < m < len(verify))
+    assert vc.n_replays + vc.n_layer_replays == (0 < m < len(verify))
     vc.close()
     ref = make_prompt_cache(model)
     model(mx.array([prompt + verify[:m]]), cache=ref)
@@ -197,6 +198,9 @@ class CountingModel:
     @property
     def layers(self):
         return self.model.layers
+
+    def __getattr__(self, name):   # make_cache, args, ...: the model's
+        return getattr(self.model, name)
 
     def __call__(self, *args, **kwargs):
         self.calls += 1
@@ -425,3 +429,115 @@ def test_drafts_of_64_equal_plain_greedy(gdn_path, every, script, prompt):
     finally:
         generate.VerifyCache = original
     assert_greedy_equal(plain, plain_lp, spec)
+
+
+LAYER_REPLAYED = ["mamba2", "jamba", "granitemoehybrid", "rwkv7", "falcon_h1"]
+
+
+def live_arrays(cache):
+    """Every array a cache holds for the tokens it has seen: each ArraysCache entry, the first ``offset``
+    rows of a KV cache (also inside a CacheList)."""
+    out = []
+    for top in cache:
+        for c in (top.caches if hasattr(top, "caches") else [top]):
+            if isinstance(c, ArraysCache):
+                out += [a for a in c.cache if a is not None]
+            else:
+                out += [c.keys[..., :c.offset, :], c.values[..., :c.offset, :]]
+    return out
+
+
+@pytest.mark.parametrize("arch", LAYER_REPLAYED)
+def test_replayed_layers_rerun_alone_every_m(arch):
+    """Mamba / Mamba2 / RWKV7 / Falcon-H1 layers (caches neither recorder knows): keep(m) re-runs only the
+    decoder layers holding them, on the first m positions of what they got in the verify forward, and
+    the model is called once in all (before: a second model forward for every 0 < m < S). Every cache is
+    then array-equal to mlx-lm's own forward over exactly the m kept tokens from the same state."""
+    model = recurrent_model(arch)
+    prompt, verify = [3, 1, 4, 1, 5, 9, 2], [6, 5, 3, 5, 8, 9, 7, 9]
+    for m in range(len(verify) + 1):
+        cache = make_prompt_cache(model)
+        model(mx.array([prompt]), cache=cache)
+        counted = CountingModel(model)
+        vc = VerifyCache(counted, cache)   # may drive the model (the once-per-class check)
+        assert vc.replayed
+        counted.calls = 0
+        vc.forward(verify)
+        vc.keep(m)
+        assert counted.calls == 1 and vc.n_replays == 0
+        assert getattr(vc, "n_layer_replays", 0) == (0 < m < len(verify))
+        vc.close()
+        ref = make_prompt_cache(model)
+        model(mx.array([prompt]), cache=ref)
+        if m:
+            model(mx.array([verify[:m]]), cache=ref)
+        mine, theirs = live_arrays(cache), live_arrays(ref)
+        assert len(mine) == len(theirs)
+        assert all(a.shape == b.shape and mx.array_equal(a, b).item() for a, b in zip(mine, theirs))
+        nxt = model(mx.array([[5, 6]]), cache=cache)
+        assert mx.array_equal(nxt, model(mx.array([[5, 6]]), cache=ref)).item()
+
+
+def _count_keeps(monkeypatch):
+    keeps = []   # (m, S, full replays, layer replays) of every keep
+    keep = VerifyCache.keep
+
+    def counted_keep(self, m):
+        S, full, local = self.S, self.n_replays, getattr(self, "n_layer_replays", 0)
+        keep(self, m)
+        keeps.append((m, S, self.n_replays - full, getattr(self, "n_layer_replays", 0) - local))
+    monkeypatch.setattr(VerifyCache, "keep", counted_keep)
+    return keeps
+
+
+@pytest.mark.parametrize("arch", LAYER_REPLAYED)
+def test_layer_replay_speculative_greedy_equals_plain(arch, monkeypatch):
+    """Drafts all accepted, partly accepted and rejected: plain greedy's tokens, every partial acceptance
+    re-running only the replayed layers (no keep re-runs the model; before: each one did)."""
+    model = recurrent_model(arch)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6, 3, 1, 4]
+    plain, _ = plain_greedy(model, prompt, 20)
+    VerifyCache(model, make_prompt_cache(model)).close()   # the once-per-class check runs here (its own keeps)
+    keeps = _count_keeps(monkeypatch)
+    spec = [t for t, _, _ in ngram_speculative_generate_step(
+        mx.array(prompt), model, max_tokens=20, draft_max=4,
+        drafter=ScriptedDrafter(plain, [(4, None), (4, 2), (4, 0)]))]
+    assert spec == plain
+    kinds = {"all" if m == S else "none" if m == 1 else "part" for m, S, _, _ in keeps if S > 1}
+    assert {"all", "part", "none"} <= kinds
+    assert all(full == 0 for _, _, full, _ in keeps)
+    assert all(local == (0 < m < S) for m, S, _, local in keeps if S > 1)
+
+
+def test_layer_replay_is_refused_to_a_layer_with_unknown_arguments(monkeypatch):
+    """Unknown structure keeps the full replay: Mamba2 layers given an argument the cutter does not know how
+    to cut to m tokens (here a 1-D position array) are not re-run alone (the once-per-class check finds
+    the layer-local keep falling back), every keep(m < S) re-runs the model, and speculation stays exact."""
+    from mlx_lm.models import mamba2
+
+    class WithPositions(mamba2.ResidualBlock):
+        def __call__(self, x, mask=None, cache=None, positions=None):
+            return super().__call__(x, mask, cache)
+
+    class Positioned(mamba2.Mamba2):
+        def __call__(self, x, cache=None):
+            hidden = self.embeddings(x)
+            positions = mx.arange(x.shape[1])
+            for layer, c in zip(self.layers, cache or [None] * len(self.layers)):
+                hidden = layer(hidden, None, c, positions=positions)
+            return self.norm_f(hidden)
+
+    model = build("mamba2", seed=5)
+    model.backbone.__class__ = Positioned
+    for layer in model.layers:
+        layer.__class__ = WithPositions
+    vc = VerifyCache(model, make_prompt_cache(model))
+    assert vc.replayed and getattr(vc, "layer_replay", None) is False
+    vc.close()
+    prompt = [1, 2, 3, 1, 2, 3, 1]
+    plain, _ = plain_greedy(model, prompt, 12)
+    keeps = _count_keeps(monkeypatch)
+    spec = [t for t, _, _ in ngram_speculative_generate_step(
+        mx.array(prompt), model, max_tokens=12, draft_max=4, drafter=ScriptedDrafter(plain, [(4, 1), (4, None)]))]
+    assert spec == plain
+    assert any(full for _, _, full, _ in keeps) and not any(local for _, _, _, local in keeps)
