@@ -539,8 +539,8 @@ def _subcaches(value) -> list:
     return list(value.caches) if isinstance(value, CacheList) else [value]
 
 
-#: Per (model class, its decoder layer classes): whether layer-local replay gave the full replay's caches.
-_LAYER_REPLAY: dict[tuple, bool] = {}
+#: Per set of decoder layer classes: whether layer-local replay gave the full replay's caches.
+_LAYER_REPLAY: dict[frozenset, bool] = {}
 #: Tolerance of that check (the re-run layers see the verify forward's hidden states, computed over S
 #: tokens; the full replay recomputes them over m: the same numbers up to float rounding).
 LAYER_REPLAY_RTOL, LAYER_REPLAY_ATOL = 1e-4, 1e-5
@@ -549,19 +549,31 @@ LAYER_REPLAY_RTOL, LAYER_REPLAY_ATOL = 1e-4, 1e-5
 def layer_replay_qualifies(model: nn.Module) -> bool:
     """Whether :meth:`VerifyCache.keep` may re-run only the decoder layers holding replayed caches.
 
-    Checked once per model class and set of decoder layer classes, on random tokens: from a 3-token
+    Checked once per set of decoder layer classes (:func:`set_layer_replay` may decide instead), on
+    random tokens: from a 3-token
     prompt, a verify forward over 5 tokens, then for m = 1 (a single-token cut: masks become one row)
     and m = 3 ``keep(m)`` layer-locally and by the full replay (restore, then the model over the m
     tokens) must leave every cache allclose
     (:data:`LAYER_REPLAY_RTOL`, :data:`LAYER_REPLAY_ATOL`; same shapes), and the layer-local keep must
     have re-run the layers (not fallen back). A model that fails, or raises, keeps the full replay.
+    Whatever the comparisons find, the check runs the same forwards (ranks of a sharded model run it
+    in lockstep: :meth:`mlx_backend.distributed.sharded.ShardedRun.spec_kwargs`).
     """
-    layers = list(getattr(model, "layers", []))
-    key = (type(model), frozenset(getattr(l, "_ngram_base", type(l)) for l in layers))
+    key = _layer_classes(model)
     if key not in _LAYER_REPLAY:
         _LAYER_REPLAY[key] = False   # while checking (the check builds VerifyCaches on this model)
         _LAYER_REPLAY[key] = _replays_layer_locally(model)
     return _LAYER_REPLAY[key]
+
+
+def set_layer_replay(model: nn.Module, verdict: bool) -> None:
+    """Decide :func:`layer_replay_qualifies` for ``model``'s decoder layer classes without the check
+    (the ranks of a sharded model agree on one verdict)."""
+    _LAYER_REPLAY[_layer_classes(model)] = bool(verdict)
+
+
+def _layer_classes(model: nn.Module) -> frozenset:
+    return frozenset(getattr(l, "_ngram_base", type(l)) for l in getattr(model, "layers", []))
 
 
 def _live_state(cache) -> Any:
@@ -580,11 +592,12 @@ def _live_state(cache) -> Any:
 def _replays_layer_locally(model: nn.Module, P: int = 3, S: int = 5) -> bool:
     def prefilled(tokens):
         cache = make_prompt_cache(model)
-        model(mx.array([tokens]), cache=cache)
+        mx.eval(model(mx.array([tokens]), cache=cache))   # logits evaluated, as a generation loop does
         return cache
     try:
         vocab = model(mx.array([[0]]), cache=make_prompt_cache(model)).shape[-1]
         tokens = mx.random.randint(0, vocab, (P + S,), key=mx.random.key(0)).tolist()
+        same = True
         for m in (1, S - 2):   # about ten forwards of at most 5 tokens, once per process and class
             caches = []
             for local in (True, False):
@@ -593,27 +606,31 @@ def _replays_layer_locally(model: nn.Module, P: int = 3, S: int = 5) -> bool:
                 try:
                     if not vc.replayed:
                         return False
-                    vc.forward(tokens[P:])
+                    mx.eval(vc.forward(tokens[P:]))
                     vc.keep(m)
                     if vc.n_layer_replays != local or vc.n_replays != (not local):
                         return False
                 finally:
                     vc.close()
                 caches.append([_live_state(c) for top in cache for c in _subcaches(top)])
-            a, b = (tree_flatten(c) for c in caches)
-            if len(a) != len(b):
-                return False
-            for (_, x), (_, y) in zip(a, b):
-                if not isinstance(x, mx.array) or not isinstance(y, mx.array):
-                    if (x is None) != (y is None):
-                        return False
-                    continue
-                if x.shape != y.shape or not mx.allclose(x, y, rtol=LAYER_REPLAY_RTOL,
-                                                         atol=LAYER_REPLAY_ATOL).item():
-                    return False
-        return True
+            mx.eval(caches)   # every array, on every rank (a sharded layer's arrays wait on collectives)
+            same = _same_caches(*caches) and same   # and go on: the same forwards whatever it finds
+        return same
     except Exception:   # a layer the recorded arguments cannot re-run, a model the check cannot drive
         return False
+
+
+def _same_caches(mine: list, theirs: list) -> bool:
+    a, b = tree_flatten(mine), tree_flatten(theirs)
+    if len(a) != len(b):
+        return False
+    for (_, x), (_, y) in zip(a, b):
+        if not isinstance(x, mx.array) or not isinstance(y, mx.array):
+            if (x is None) != (y is None):
+                return False
+        elif x.shape != y.shape or not mx.allclose(x, y, rtol=LAYER_REPLAY_RTOL, atol=LAYER_REPLAY_ATOL).item():
+            return False
+    return True
 
 
 def gdn_layer(layer: nn.Module):

@@ -51,10 +51,12 @@ from typing import Callable, Generator, Optional
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.generate import generation_stream
+from mlx_lm.models.cache import make_prompt_cache
 
 from reference.drafter import Drafter
 from mlx_backend.decode.draft_policy import DEFAULT_K_MAX, DraftPolicy, measure_verify_cost
 from mlx_backend.decode.generate import SpecStats, ngram_speculative_generate_step, run_drafter
+from mlx_backend.decode.rollback import VerifyCache, layer_replay_qualifies, set_layer_replay
 from mlx_backend.decode.sampling import greedy
 
 SHARD_MODES = ("tensor", "pipeline")
@@ -206,6 +208,13 @@ def broadcast_floats(values: list[float], group) -> list[float]:
 
 def _digest_words(h) -> mx.array:
     return mx.array(list(memoryview(h.digest()).cast("I")), mx.uint32)
+
+
+def _each_rank(flag: bool, group) -> list[bool]:
+    """Every rank's ``flag``, in rank order, on every rank (one ``all_gather``)."""
+    settle()
+    return [bool(f) for f in mx.distributed.all_gather(mx.array([int(flag)], mx.int32), group=group,
+                                                       stream=mx.cpu).tolist()]
 
 
 def check_same(what: str, parts: list, group) -> None:
@@ -362,6 +371,8 @@ class ShardedRun:
                    self.group)
         check_same("the draft settings", [draft_max, gdn_path, drafter if isinstance(drafter, str) else
                                           type(drafter).__name__], self.group)
+        if draft_max != 0:
+            self.agree_rollback(model)
         if draft_max != 0 and (drafter is None or isinstance(drafter, str)):   # a name: lookup, suffix, auto
             drafter = run_drafter(drafter, draft_max, c_st=c_st, c_dyn=c_dyn)
         if draft_max is None and draft_policy is None:
@@ -369,6 +380,31 @@ class ShardedRun:
         return dict(model=_Beating(model, self.watchdog), sampler=Rank0Tokens(sampler, self.group),
                     drafter=_HashingDrafter(drafter, self.digest) if drafter is not None else None,
                     draft_max=draft_max, draft_policy=draft_policy, gdn_path=gdn_path)
+
+    def agree_rollback(self, model: nn.Module) -> None:
+        """Every rank takes rejected tokens back the same way (a rank re-running the model alone, or
+        skipping a collective another rank runs, would leave the others waiting).
+
+        Caches that only a replay restores (Mamba, RWKV, ...: :class:`VerifyCache` ``replayed``):
+        where every rank holds some, each rank runs the layer-replay check (the same forwards on
+        every rank) and the layer replay is used only if every rank qualified, else the full replay
+        on all of them; where only some ranks hold them (a pipeline split), :class:`ShardError`: their
+        full replay would re-run the model on those ranks alone.
+        """
+        self.watchdog.beat()
+        probe = VerifyCache(model, make_prompt_cache(model), layer_replay=False)   # no forward
+        held = bool(probe.replayed)
+        probe.close()
+        flags = _each_rank(held, self.group)
+        if not any(flags):
+            return
+        if not all(flags):
+            ranks = [str(r) for r, f in enumerate(flags) if f]
+            raise ShardError(f"speculation on this split would wait forever: rank{'s' if len(ranks) > 1 else ''} "
+                             f"{', '.join(ranks)} hold{'' if len(ranks) > 1 else 's'} recurrent layers whose caches "
+                             "only a replay of the model takes back, and the other ranks hold none; use --shard "
+                             "tensor, or --no-spec")
+        set_layer_replay(model, all(_each_rank(layer_replay_qualifies(_Beating(model, self.watchdog)), self.group)))
 
     def load(self, path: Optional[str], mode: str, dtype: Optional[str] = None, prog: str = "ngram-spec"):
         """:func:`load_sharded` on every rank, then agree: if any rank failed, rank 0 prints the reason

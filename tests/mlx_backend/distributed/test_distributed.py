@@ -202,6 +202,52 @@ def test_sharded_speculation_equals_plain(arch, tmp_path):
         assert other["tokens"] == r["ref_sampled"], where
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("arch, mode, force, layer_replay", [
+    ("kimi_k3", "pipeline", "none", True),
+    ("kimi_k3", "tensor", "rank1-differs", False),
+    ("bailing_hybrid", "pipeline", "rank1-differs", False),
+])
+def test_ranks_roll_replayed_layers_back_the_same_way(arch, mode, force, layer_replay, tmp_path):
+    """Recurrent layers that only a replay restores (kimi_k3's and bailing_hybrid's linear attention), on
+    shards. The ranks run the layer-replay check in lockstep and agree on one verdict: where rank 1's check
+    finds other caches, every rank takes the full replay (before: rank 0 cut its caches alone while rank 1
+    re-ran the model and waited on collectives rank 0 never joined: the ring connection lost). On a pipeline
+    split that qualifies, every rank re-runs its own layers (before: the check left the pipeline's receive
+    unevaluated and the ranks waited for each other until the watchdog ended them). Output equals the
+    shards' plain greedy with drafts partly accepted."""
+    proc = launch(["tests/mlx_backend/distributed/replay_worker.py", arch, mode, force], tmp_path, timeout=600)
+    rows = sorted((json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")),
+                  key=lambda r: r["rank"])
+    assert [r["rank"] for r in rows] == [0, 1], proc.stdout + proc.stderr
+    for r in rows:
+        assert r["equal"] and 0 < r["n_accept"] < r["n_drafted"], r
+        assert r["layer_replay"] is layer_replay, r
+
+
+def test_a_split_with_replayed_layers_on_some_ranks_only_is_refused(tmp_path):
+    """Rank 1 holding Mamba layers and rank 0 none (as a pipeline split can): rank 1's full replay would re-run
+    the model alone and wait forever for rank 0. Refused on both ranks, before any forward, naming the fix."""
+    script = textwrap.dedent("""
+        import mlx.core as mx
+        from mlx_backend.distributed.sharded import ShardError, ShardedRun
+        from mlx_backend.models.compat import build
+        run = ShardedRun()
+        model = build("llama" if run.rank == 0 else "mamba", seed=1)
+        try:
+            run.agree_rollback(model)
+            print("rank", run.rank, "agreed", flush=True)
+        except ShardError as exc:
+            print("rank", run.rank, "refused:", exc, flush=True)
+        run.close()
+    """)
+    proc = launch(["-c", script], tmp_path, timeout=300)
+    for rank in (0, 1):
+        assert (f"rank {rank} refused: speculation on this split would wait forever: rank 1 holds recurrent "
+                "layers whose caches only a replay of the model takes back, and the other ranks hold none; use "
+                "--shard tensor, or --no-spec") in proc.stdout, proc.stdout + proc.stderr
+
+
 @pytest.mark.parametrize("arch, mode, message", [
     ("qwen3_next", "tensor", "no tensor-parallel sharding for qwen3_next models .*use --shard pipeline"),
     ("llama", "pipeline", "no pipeline-parallel sharding for llama models .*use --shard tensor"),
