@@ -768,7 +768,6 @@ class VerifyCache:
         finally:
             if self.layers:
                 self.calls = self._record_calls() if record else None
-
             for layer, _ in self.gdn:
                 layer._ngram_path = None
             for conv, _ in self.conv:
