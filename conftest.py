@@ -3,8 +3,14 @@
 collect_ignore_glob = ["*/__main__.py"]
 
 import os
+from pathlib import Path
 
 import pytest
+
+# numba's machine code for this checkout's kernels (mlx_backend/machine/numba_cache.py would put it in the
+# user's cache folder): kept beside the tests, shared by the commands they start, warm from run to run.
+# Set before anything imports numba, which reads it then.
+os.environ.setdefault("NUMBA_CACHE_DIR", str(Path(__file__).resolve().parent / ".numba-cache"))
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -1,7 +1,7 @@
 """``ngram-spec precompile``: compile every numba kernel the commands use, once, after installing.
 
 numba compiles a kernel the first time a process calls it with a new combination of argument types
-and keeps the machine code in its cache (``__pycache__`` beside the module, or ``$NUMBA_CACHE_DIR``);
+and keeps the machine code in its cache (:mod:`mlx_backend.machine.numba_cache`: ``$NUMBA_CACHE_DIR``, else ours);
 later processes load it in milliseconds. Without this command the first ``stats``, ``create`` or
 drafting ``generate`` after an install pays that compilation (about 10 s for ``stats`` on a 2-core
 x86-64 VM). Here every such command runs once on tiny inputs in a temporary directory -- the very
@@ -188,9 +188,10 @@ def register(subparsers) -> None:
             "Compile the numba kernels of create, stats, merge, inspect, convert and generate (with --static\n"
             "and --dynamic) by running each once on tiny inputs in a temporary directory, and the suffix\n"
             "drafter's, so that numba's cache holds them. Without it, the first run of each command after\n"
-            "installing compiles what it needs (about 10 s for stats on a 2-core machine); after it, about 1 s. The cache is numba's:\n"
-            "__pycache__ beside the installed modules, or $NUMBA_CACHE_DIR; run this again after upgrading\n"
-            "ngram-spec or numba, or with another NUMBA_CACHE_DIR.\n\n"
+            "installing compiles what it needs (about 10 s for stats on a 2-core machine); after it, about 1 s. The cache:\n"
+            "$NUMBA_CACHE_DIR when set, else numba/ in ngram-spec's cache folder ($NGRAM_SPEC_CACHE_DIR, or\n"
+            "~/.cache/ngram-spec on Linux); run this again after upgrading ngram-spec or numba, or with\n"
+            "another cache folder.\n\n"
             "example: ngram-spec precompile"),
     )
     p.add_argument("--no-model", action="store_true",

@@ -29,8 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from numba import njit
 
+from mlx_backend.machine.numba_cache import njit
 from mlx_backend.ngram.hash_table import NGRAM_MAX, words_to_slots
 from mlx_backend.ngram.radix_sort import radix_sort, radix_sort_threads
 from mlx_backend.ngram.sorted_cache import INT32_MAX, Section, SortedCache, static_top

@@ -23,8 +23,8 @@ like llama.cpp's ``int``); ``tests/mlx_backend/ngram/test_tables*.py`` check it.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from mlx_backend.machine.numba_cache import njit
 from reference.ngram.draft import LAX, STATIC_A, STATIC_P, STRICT
 
 NGRAM_MAX = 4

@@ -18,7 +18,8 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from numba import njit
+
+from mlx_backend.machine.numba_cache import njit
 
 DIGIT_BITS = 11  # 2,048 counters per pass: they and the pass's write positions stay in the L1/L2 cache
 

@@ -26,8 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
 
+from mlx_backend.machine.numba_cache import njit
 from mlx_backend.ngram.hash_table import canonical_rows, empty_static, HashTable, NGRAM_MAX, ngram_size
 from mlx_backend.ngram.radix_sort import radix_sort
 

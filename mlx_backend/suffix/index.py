@@ -26,7 +26,8 @@ independent of the context length.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from mlx_backend.machine.numba_cache import njit
 
 SEP = -1                          # after each history sequence: never a token, so no match crosses it
 BASE = np.uint64(0xA0761D6478BD642F)  # the polynomial hash's base (odd)
