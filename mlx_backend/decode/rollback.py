@@ -608,7 +608,7 @@ def _replays_layer_locally(model: nn.Module, P: int = 3, S: int = 5) -> bool:
                         return False
                     mx.eval(vc.forward(tokens[P:]))
                     vc.keep(m)
-                    if vc.n_layer_replays != local or vc.n_replays != (not local):
+                    if vc.n_replays != 1 or vc.n_layer_replays != local:
                         return False
                 finally:
                     vc.close()
@@ -722,8 +722,8 @@ class VerifyCache:
         # between must not replace it
         self.records: list | None = None
         self.tokens = self.checkpoint = None
-        self.n_replays = 0         # keeps that re-ran the whole model (the full replay)
-        self.n_layer_replays = 0   # keeps that re-ran only the decoder layers holding replayed caches
+        self.n_replays = 0         # keeps that re-ran kept tokens (conformance's n_replays), either way:
+        self.n_layer_replays = 0   # of them, those that re-ran only the decoder layers holding replayed caches
         # layer-local replay (see keep): every replayed cache an ArraysCache, the model qualified
         self.layers: list[nn.Module] = []
         self.calls: list | None = None   # the last forward's recorded decoder-layer calls (_record_calls)
@@ -846,6 +846,7 @@ class VerifyCache:
             vars(c).update(saved)
         self.tokens = self.checkpoint = None
         if m:
+            self.n_replays += 1
             self.n_layer_replays += 1
             for (layer, _, _, _), (args, kwargs) in zip(calls, cut):
                 layer._ngram_base.__call__(layer, *args, **kwargs)
