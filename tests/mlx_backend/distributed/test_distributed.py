@@ -37,6 +37,7 @@ LAUNCH_TIMEOUT = 900
 
 
 # mlx.launch's own report of each rank's end (mlx._distributed_utils.launch; "completed" with --verbose only)
+RING_RETRY = re.compile(r"\(error: \d+ \)\s*$")   # the ring backend's "waiting 1000 ms (error: 111 )"
 RANK_END = re.compile(r"Node with rank (\d+) (completed|exited with code (-?\d+)|was killed)")
 
 
@@ -67,11 +68,13 @@ def launch(args: list[str], tmp_path: Path, timeout: int = LAUNCH_TIMEOUT, check
 def refused_lines(proc: subprocess.CompletedProcess) -> list[str]:
     """The ``error:`` lines of a launch that every rank must have refused: each rank exited non-zero (status
     2, or the launcher's SIGTERM when the other rank ended first), and no traceback was printed. The "[ring] ..."
-    lines are the ring backend's connection log (on with --verbose: "(error: 111 )" is a retry)."""
+    lines are the ring backend's connection log (on with --verbose: "(error: 111 )" is a retry; the two ranks'
+    logs can interleave mid-line, leaving " ms (error: 111 )" on a line of its own)."""
     exits = rank_exits(proc.stderr)
     assert sorted(exits) == [0, 1] and 0 not in exits.values(), proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
-    return [line for line in proc.stderr.splitlines() if "error:" in line and not line.startswith("[ring] ")]
+    return [line for line in proc.stderr.splitlines()
+            if "error:" in line and not line.startswith("[ring] ") and not RING_RETRY.search(line)]
 
 
 def _free_port_pair() -> int:
