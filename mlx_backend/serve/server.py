@@ -1243,21 +1243,23 @@ def run_serve(args) -> int:
         warm.draft(1)
     cli_args = build_server_args(args)
     provider = InjectedModelProvider(cli_args, model, tokenizer, args.model_id, speculator)
-    generator = SpecResponseGenerator(provider, HeldPromptCache(args.prompt_cache_size), n_ctx=n_ctx)
-    log.info("serving %s as `%s` (context %s, speculation %s, draft %s, drafter %s, dynamic cache %s, suffix "
-             "history %s); %s", desc, args.model_id, n_ctx, "on" if speculator.speculative else "off",
-             "auto" if args.draft_max is None else args.draft_max, args.drafter,
-             f"{args.dynamic} ({args.dynamic_scope})" if args.dynamic else "in memory",
-             f"{args.history_max_tokens} tokens, " + (f"kept in {args.history}" if args.history else "in memory"),
-             f"up to {args.decode_concurrency} requests decode together (one verify forward for all)"
-             if provider.is_batchable else f"requests are served one at a time ({provider.unbatched_reason})")
-
-    server_class = type(SpecHTTPServer.__name__, (SpecHTTPServer,), {"generator": generator})
+    # the generation thread starts here: from now on a stop (SIGTERM, Ctrl-C) must reach the finally below,
+    # which stops it (before: a SIGTERM right after the start line, before the handlers were in place, left the
+    # thread running and the process hung at exit)
     with _stopped_once_by_signals():
+        generator = SpecResponseGenerator(provider, HeldPromptCache(args.prompt_cache_size), n_ctx=n_ctx)
+        server_class = type(SpecHTTPServer.__name__, (SpecHTTPServer,), {"generator": generator})
         try:
+            log.info("serving %s as `%s` (context %s, speculation %s, draft %s, drafter %s, dynamic cache %s, suffix "
+                     "history %s); %s", desc, args.model_id, n_ctx, "on" if speculator.speculative else "off",
+                     "auto" if args.draft_max is None else args.draft_max, args.drafter,
+                     f"{args.dynamic} ({args.dynamic_scope})" if args.dynamic else "in memory",
+                     f"{args.history_max_tokens} tokens, " + (f"kept in {args.history}" if args.history else "in memory"),
+                     f"up to {args.decode_concurrency} requests decode together (one verify forward for all)"
+                     if provider.is_batchable else f"requests are served one at a time ({provider.unbatched_reason})")
             mlx_server._run_http_server(args.host, args.port, generator, server_class=server_class,
                                         handler_class=SpecAPIHandler)
-        except _WorkerStopped:
+        except (_WorkerStopped, KeyboardInterrupt):   # a stop before serve_forever took it over, too
             pass
         finally:
             generator.stop_and_join()

@@ -8,9 +8,11 @@ import hashlib
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 
+import child_processes
 import pytest
 
 pytest.importorskip("mlx_lm")
@@ -337,6 +339,33 @@ def test_the_start_line_names_the_history_file_and_its_bound(llama, tmp_path):
             proc.communicate()
     assert f"suffix history 1000 tokens, kept in {history})" in lines[-1], lines[-1]
 
+
+
+def test_a_sigterm_right_after_the_start_line_stops_the_server(llama, tmp_path):
+    """SIGTERM delivered the moment the start line is logged, before mlx-lm's serve_forever runs: the server
+    stops the generation thread, saves and exits 0. Before: the signal came before the server's handlers
+    were in place, the process printed 'interrupted' and then hung at exit on the generation thread
+    (seen once in CI, as test_the_start_line_names_the_history_file_and_its_bound's timeout)."""
+    from test_server import free_port  # tests/mlx_backend/serve/test_server.py
+
+    script = textwrap.dedent(f"""
+        import logging, os, signal, sys
+        from mlx_backend.cli import main
+        from mlx_backend.serve import server
+
+        class TermOnStart(logging.Handler):
+            def emit(self, record):
+                if record.getMessage().startswith("serving"):
+                    print("SIGTERM after the start line", flush=True)
+                    os.kill(os.getpid(), signal.SIGTERM)
+
+        server.log.addHandler(TermOnStart())
+        sys.exit(main(["serve", "--model", {str(llama)!r}, "--port", "{free_port()}", "--history",
+                       {str(tmp_path / "history")!r}]))
+    """)
+    proc = child_processes.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert "SIGTERM after the start line" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "interrupted" not in proc.stderr, proc.stdout + proc.stderr
 
 
 def response_ngrams(full, n_prompt):
