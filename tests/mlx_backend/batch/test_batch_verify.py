@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
 
+from mlx_backend.batch import verify
 from mlx_backend.batch.verify import BatchVerifyCache
 from mlx_backend.decode.rollback import RollbackUnsupported, VerifyCache
 from mlx_backend.models.compat import build
@@ -139,6 +140,70 @@ def test_short_conv_windows_are_cut_per_row_in_one_forward():
         for c, ref in zip(cache, solo):
             if isinstance(c, ArraysCache):
                 assert mx.array_equal(c[0][b:b + 1], ref[0]).item(), b
+
+
+REPLAYED = ["mamba", "mamba2", "rwkv7", "jamba", "nemotron_h", "granitemoehybrid"]
+ATOL_STEPS = 1e-4   # vs plain one-token steps: a verify forward computes the recurrence over S tokens at once
+
+
+def one_token_steps(model, tokens):
+    """The caches after ``tokens`` fed one at a time (mlx-lm's plain decode steps) from an empty cache."""
+    cache = make_prompt_cache(model)
+    for t in tokens:
+        mx.eval(model(mx.array([[t]], mx.uint32), cache=cache))
+    return cache
+
+
+@pytest.mark.parametrize("arch", REPLAYED)
+def test_replayed_recurrent_rows_are_cut_back_per_row_as_one_token_steps_leave_them(arch):
+    """Mamba / Mamba2 / RWKV7 layers and hybrids' mamba layers (before: refused, "neither a known GatedDeltaNet
+    nor a short conv"): three right-padded rows of lengths 5, 3, 4, keep(5, 1, 4) (all kept; a cut; every real
+    token kept after padding that advanced the state), then lengths 3, 5, 2, keep(2, 5, 2): each row's
+    recurrent caches and its next token's logits equal its kept tokens fed one at a time."""
+    model, _ = models(arch)
+    prompts = [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10]]
+    cache = batch_of(model, prompts)
+    bvc = BatchVerifyCache(model, cache)
+    assert bvc.replayed
+    kept = [p[:-1] for p in prompts]
+    last = [p[-1] for p in prompts]
+    for lengths, m in (([5, 3, 4], [5, 1, 4]), ([3, 5, 2], [2, 5, 2])):
+        S = max(lengths)
+        rows = [[last[b]] + [(11 + 7 * b + 3 * j) % V for j in range(n - 1)] for b, n in enumerate(lengths)]
+        mx.eval(bvc.forward([r + [0] * (S - len(r)) for r in rows], lengths))
+        bvc.keep(m)
+        for b in range(3):
+            kept[b] += rows[b][:m[b]]
+            last[b] = (40 + b) % V
+    one = bvc.forward([[t] for t in last], [1, 1, 1])
+    bvc.keep([1, 1, 1])
+    bvc.close()
+    for b in range(3):
+        ref = one_token_steps(model, kept[b] + [last[b]])
+        for c, r in zip(cache, ref):
+            if type(c) is ArraysCache:
+                for x, y in zip(c.cache, r.cache):
+                    assert mx.allclose(x[b:b + 1], y, atol=ATOL_STEPS, rtol=0).item(), (b, kept[b])
+        logits = model(mx.array([[last[b]]], mx.uint32), cache=one_token_steps(model, kept[b]))[0, -1]
+        assert mx.allclose(one[b, 0], logits, atol=ATOL_STEPS, rtol=0).item(), b
+
+
+@pytest.mark.parametrize("arch", REPLAYED + ["bailing_hybrid", "plamo2", "recurrent_gemma"])
+def test_replayed_recurrent_rows_match_solo(arch):
+    """Random rows, lengths and cuts against the single-sequence VerifyCache (its layer replay)."""
+    run_steps(arch, 1, n_steps=3)
+
+
+def test_a_recurrent_layer_sharing_its_cache_or_failing_the_check_is_refused(monkeypatch):
+    """falcon_h1's mamba cache shares a CacheList with a KV cache: no layer to re-run alone; a layer class
+    that fails :func:`batch_layer_replay_qualifies` is refused too."""
+    falcon, _ = models("falcon_h1")
+    with pytest.raises(RollbackUnsupported, match="FalconH1Mixer.*CacheList.*one request at a time"):
+        BatchVerifyCache(falcon, batch_of(falcon, [[1, 2]]))
+    mamba, _ = models("mamba")
+    monkeypatch.setitem(verify._BATCH_LAYER_REPLAY, verify._layer_classes(mamba), False)
+    with pytest.raises(RollbackUnsupported, match="MambaBlock.*batched layer-replay check.*one request at a time"):
+        BatchVerifyCache(mamba, batch_of(mamba, [[1, 2]]))
 
 
 def test_sliding_window_rows_after_the_ring_wraps():
@@ -280,11 +345,12 @@ def test_unsupported_caches_raise_naming_the_class():
     bvc.close()
 
 
-@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_next"])
+@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_next", "mamba2", "jamba"])
 def test_a_batch_and_a_solo_verify_on_one_model_keep_their_own_records(arch):
     """A batch verify and a single-sequence verify on the same model (its GatedDeltaNet layers shared),
     forward, forward, keep, keep: each cuts its cache to its own states (before, the record lived on the
-    layer: the second forward replaced the first's, which the batch then cut its rows to)."""
+    layer: the second forward replaced the first's, which the batch then cut its rows to). Mamba layers:
+    the decoder layers' recorded calls, likewise, are the batch's own."""
     model = models(arch)[0]
     prompts, solo_prompt = [[1, 2, 3], [4, 5, 6, 7, 8]], [9, 10, 11, 12]
     bvc = BatchVerifyCache(model, batch_of(model, prompts), "states")
@@ -306,6 +372,28 @@ def test_a_batch_and_a_solo_verify_on_one_model_keep_their_own_records(arch):
         assert mx.allclose(one[b, 0], fresh_last_logits(model, kept[b]), atol=ATOL_FRESH, rtol=0).item(), b
     fresh = fresh_last_logits(model, solo_prompt[:-1] + solo_row[:4] + [32])
     assert mx.allclose(solo_one[0], fresh, atol=ATOL_FRESH, rtol=0).item()
+
+
+def test_a_solo_run_closed_between_a_batch_forward_and_its_keep():
+    """A single-sequence verify on the same mamba2 model, closed (its decoder layers given their own class
+    back) between the batch's forward and keep: the batch re-runs its rows with mlx-lm's class it recorded."""
+    model = models("mamba2")[0]
+    prompts, rows = [[1, 2, 3], [4, 5, 6, 7, 8]], [[3, 20, 21, 22], [8, 23, 24, 25]]
+    bvc = BatchVerifyCache(model, batch_of(model, prompts))
+    try:
+        bvc.forward(rows, [4, 4])
+        svc = VerifyCache(model, prefilled(model, [9, 10, 11]))
+        svc.forward([11, 12, 13])
+        svc.keep(2)
+        svc.close()
+        bvc.keep([2, 3])
+        one = bvc.forward([[30], [31]], [1, 1])
+        bvc.keep([1, 1])
+    finally:
+        bvc.close()
+    kept = [prompts[0][:-1] + rows[0][:2] + [30], prompts[1][:-1] + rows[1][:3] + [31]]
+    for b in range(2):
+        assert mx.allclose(one[b, 0], fresh_last_logits(model, kept[b]), atol=ATOL_FRESH, rtol=0).item(), b
 
 
 def test_a_verify_forward_reads_a_ring_that_plain_steps_wrapped():

@@ -110,8 +110,9 @@ def test_a_given_prompt_cache_is_continued_and_a_removed_row_is_not_completed():
 
 
 def test_the_tiny_models_caches_are_batchable():
-    for arch in ("llama", "qwen3_5", "gemma3_text"):
+    for arch in ("llama", "qwen3_5", "gemma3_text", "mamba", "mamba2", "rwkv7", "nemotron_h"):
         assert batch_unsupported(model_of(arch)) is None, arch
+    assert "CacheList" in batch_unsupported(model_of("falcon_h1"))   # its mamba layer holds a KV cache too
 
 
 def test_the_burst_rule_holds_while_nobody_waits():

@@ -150,6 +150,48 @@ def test_concurrent_clients_each_get_what_they_get_alone_in_one_batch(models, ar
     assert stats["queue_wait"]["mean"] == pytest.approx(sum(t["queue_ms"] for t in timings) / 1e3 / len(timings))
 
 
+def write_recurrent_model(arch: str, out) -> str:
+    """A tiny random model of the compatibility matrix's ``arch`` (:func:`mlx_backend.models.compat.tiny_config`)
+    with the tiny models' tokenizer, written in mlx-lm's format."""
+    import importlib
+
+    import mlx.core as mx
+    from mlx_backend.models.compat import randomize, tiny_config
+    from reference.models.tiny import VOCAB_SIZE, write_tokenizer
+
+    module = importlib.import_module(f"mlx_lm.models.{arch}")
+    config = {**tiny_config(module), "vocab_size": VOCAB_SIZE, "eos_token_id": EOS}
+    mx.random.seed(2)
+    model = randomize(module.Model(module.ModelArgs.from_dict(config)))
+    out.mkdir(parents=True)
+    (out / "config.json").write_text(json.dumps(config))
+    model.save_weights(str(out / "model.safetensors"))
+    write_tokenizer(out)
+    return str(out)
+
+
+@pytest.mark.parametrize("arch", ["nemotron_h", "jamba"])   # a pure mamba has no attention: not served
+def test_a_model_with_mamba_layers_is_served_batched_with_plain_answers(tmp_path, arch):
+    """Hybrids' mamba layers (before: served one request at a time, "batched rollback needs recorded per-token
+    states"): concurrent speculative requests share verify forwards and each gets the tokens the same request
+    gets alone with ``"speculative": false``, which are mlx-lm's plain greedy decoding."""
+    path = write_recurrent_model(arch, tmp_path / arch)
+    requests = [("chat", MESSAGES[0], {}), ("chat", MESSAGES[1], {"drafter": "suffix"}),
+                ("chat", MESSAGES[2], {"draft_max": 3}), ("chat", EDIT, {})]
+    server = Server("--model", path, "--decode-concurrency", "4")
+    try:
+        plain = [run(server, kind, what, {"speculative": False}) for kind, what, _ in requests]
+        got = together(server, requests)
+        stats = server.stats()
+    finally:
+        server.stop()
+    for (kind, what, _), (text, ids, finish, timings), alone in zip(requests, got, plain):
+        assert (text, ids, finish) == alone[:3]
+        assert ids == plain_greedy(path, kind, what)
+        assert timings["speculative"]
+    assert stats["rows_per_forward"]["max"] > 1, stats
+
+
 def test_decode_concurrency_one_serves_one_row_per_forward(models):
     server = Server("--model", str(models["llama"]), "--decode-concurrency", "1")
     try:
