@@ -9,6 +9,7 @@ Where drafting does not pay, it decodes plainly, pipelined like ``mlx_lm.generat
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generator, Optional, Union
@@ -445,8 +446,9 @@ def stream_generate(model: nn.Module, tokenizer, prompt, max_tokens: int = 256, 
     steps = ngram_speculative_generate_step(prompt, model, max_tokens=max_tokens, stream=stream, **kwargs)
     n, token, logprobs, from_draft = 0, None, None, False
     # as mlx_lm.stream_generate: on Metal the weights are wired (the device's recommended working set) while it
-    # runs, so a large model is not paged out between steps; a no-op on the CPU
-    with wired_limit(model, [stream]):
+    # runs, so a large model is not paged out between steps; a no-op on the CPU. The steps are closed on leaving,
+    # a consumer's close included, not when collected: a cache the caller gave holds its tokens once this returns
+    with wired_limit(model, [stream]), contextlib.closing(steps):
         tic = time.perf_counter()
         prompt_tps = 0.0
         for n, (token, logprobs, from_draft) in enumerate(steps):
@@ -463,7 +465,6 @@ def stream_generate(model: nn.Module, tokenizer, prompt, max_tokens: int = 256, 
                                      prompt_tps=prompt_tps, generation_tokens=n + 1,
                                      generation_tps=(n + 1) / (time.perf_counter() - tic),
                                      peak_memory=mx.get_peak_memory() / 1e9, finish_reason=None)
-        steps.close()
     detokenizer.finalize()
     yield GenerationResponse(text=detokenizer.last_segment, token=token, logprobs=logprobs,
                              from_draft=from_draft, prompt_tokens=prompt.size, prompt_tps=prompt_tps,

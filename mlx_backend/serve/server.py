@@ -15,10 +15,13 @@ queue, stop sequences, the LRU of prompt caches) and its ``_run_http_server``. F
   ``stream_generate`` bound to :meth:`SpecResponseGenerator.stream_generate` (each function is rebuilt
   from mlx-lm's code object with that one global replaced; no mlx-lm module is modified);
 * the **prompt-cache LRU** (:class:`HeldPromptCache`) stores each cache under the tokens it really holds:
-  after a speculative run that is the accepted tokens only (rejected drafts were rolled back, see
-  :mod:`mlx_backend.decode.rollback`), which may be one token less than the text (the last token was never fed)
-  or a few accepted tokens more (the client stopped inside a verify step). So reuse stays exact for
-  hybrid models, whose GatedDeltaNet state cannot be trimmed afterwards.
+  after a speculative run that is the prompt and the tokens the client got, no more (rejected drafts were
+  rolled back, see :mod:`mlx_backend.decode.rollback`; accepted drafts past where the client stopped are not
+  kept, and the last token is fed at the run's end: ``_Run.emit`` and ``_Run.finish`` in
+  :mod:`mlx_backend.decode.generate`). So reuse stays exact for
+  hybrid models, whose GatedDeltaNet state cannot be trimmed afterwards, and for models without an attention
+  layer (Mamba, Mamba2, RWKV7), whose cache is stored under the tokens fed (:func:`held_tokens`) and, as it
+  cannot be trimmed at all, reused only where it holds exactly a prefix of the new prompt (mlx-lm's LRU).
 
 Per request (JSON body): ``"speculative": false`` (mlx-lm's own plain generation), ``"draft_max"`` /
 ``"n_draft"`` / ``"num_draft_tokens"`` (drafts per step; ``0`` = plain, ``null`` = the cost-aware policy),
@@ -610,9 +613,14 @@ class HeldPromptCache(LRUPromptCache):
         super().insert_cache(model, tokens, prompt_cache, **kwargs)
 
 
-def held_tokens(prompt_cache: list) -> int:
-    """How many tokens the cache holds: the offset of its attention layers (every mlx-lm LLM has one)."""
-    return next(c.offset for c in prompt_cache if hasattr(c, "offset"))
+def held_tokens(prompt_cache: list, n_fed: int) -> int:
+    """How many tokens the cache holds after a request served alone: the offset of its attention layers, read
+    from the cache itself; for a model without one (Mamba, Mamba2, RWKV7: recurrent states only, no length to
+    read) ``n_fed``, the prompt and every token the client got. Both generators leave exactly those in a cache
+    they were given: mlx-lm's ``generate_step`` feeds each token before yielding it, and a speculative run
+    feeds the last one at its end (``_Run.finish`` in :mod:`mlx_backend.decode.generate`) and keeps no more
+    drafts than its consumer took."""
+    return next((c.offset for c in prompt_cache if hasattr(c, "offset")), n_fed)
 
 
 class InjectedModelProvider(mlx_server.ModelProvider):
@@ -912,7 +920,7 @@ class SpecResponseGenerator(mlx_server.ResponseGenerator):
                 # also holds the model's token after it, which no one sees
                 spec.stats.n_tokens = min(spec.stats.n_tokens, len(yielded))
                 history = [int(t) for t in drafter.tokens]
-            self.prompt_cache.hold(prompt_cache, history[:held_tokens(prompt_cache)])
+            self.prompt_cache.hold(prompt_cache, history[:held_tokens(prompt_cache, len(full) + len(yielded))])
             try:
                 speculator.finish(spec, full + yielded, len(full), completed)
             finally:
@@ -1232,9 +1240,6 @@ def run_serve(args) -> int:
     # as mlx_lm.server's main (bypassed here): on Metal, wire the recommended working set for the server's life
     # (the batched path has no per-request wired_limit); a no-op on the CPU
     maybe_set_recommended_wired_limit()
-    from mlx_lm.models.cache import make_prompt_cache
-    if not any(hasattr(c, "offset") for c in make_prompt_cache(model)):
-        raise ValueError(f"{desc}: the model has no attention layer; ngram-spec serve needs one to track its cache")
     args.model_id = Path(args.model).name if args.model else "SmolLM2-135M-Instruct"
     n_ctx = args.ctx_size or context_length(model)
     if speculator.speculative:  # compile the drafter's loops now rather than in the first request

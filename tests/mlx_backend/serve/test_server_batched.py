@@ -170,7 +170,7 @@ def write_recurrent_model(arch: str, out) -> str:
     return str(out)
 
 
-@pytest.mark.parametrize("arch", ["nemotron_h", "jamba"])   # a pure mamba has no attention: not served
+@pytest.mark.parametrize("arch", ["nemotron_h", "jamba"])   # pure mamba, mamba2, rwkv7: test_server_recurrent.py
 def test_a_model_with_mamba_layers_is_served_batched_with_plain_answers(tmp_path, arch):
     """Hybrids' mamba layers (before: served one request at a time, "batched rollback needs recorded per-token
     states"): concurrent speculative requests share verify forwards and each gets the tokens the same request
