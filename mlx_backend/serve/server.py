@@ -59,7 +59,7 @@ import numpy as np
 from mlx_lm import __version__ as MLX_LM_VERSION
 from mlx_lm import server as mlx_server
 from mlx_lm.generate import stream_generate as plain_stream_generate
-from mlx_lm.models.cache import LRUPromptCache
+from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 from mlx_lm.utils import maybe_set_recommended_wired_limit
 
 from reference.drafter import Drafter
@@ -872,6 +872,17 @@ class SpecResponseGenerator(mlx_server.ResponseGenerator):
         request, full = self._current
         spec, speculator = request.spec, draft_model
         rest = [int(t) for t in prompt]
+        if not rest and full:
+            # the LRU held the whole prompt (mlx-lm's exact hit: a prompt that is an earlier prompt and its whole
+            # answer): a generator needs a last token to feed, so the cache gives one back, trimmed where it can
+            # be, else emptied (a recurrent state: the prompt is prefilled afresh), as the batched path does.
+            # In place: mlx-lm's _serve_single stores this same list afterwards
+            if can_trim_prompt_cache(prompt_cache):
+                trim_prompt_cache(prompt_cache, 1)
+                rest = full[-1:]
+            else:
+                prompt_cache[:] = make_prompt_cache(model)
+                rest = list(full)
         n_cached = len(full) - len(rest)
         spec.prompt_tokens, spec.cached_tokens = len(full), n_cached
         drafter = None

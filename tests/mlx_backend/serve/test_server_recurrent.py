@@ -119,3 +119,21 @@ def test_a_continued_conversation_reuses_the_recurrent_cache_exactly(recurrent, 
         with Server("--model", path, "--decode-concurrency", concurrency) as fresh:
             fresh_text, _, fresh_cached = ask(fresh, what)
         assert fresh_cached == 0 and text == fresh_text == plain_text(path, what), what
+
+
+@pytest.mark.parametrize("arch", ["mamba", "llama"])
+@pytest.mark.parametrize("speculative", [True, False])
+def test_a_prompt_the_cache_holds_whole_is_answered(recurrent, tmp_path, arch, speculative):
+    """A completion whose prompt is an earlier prompt and its whole answer finds a cache holding exactly that
+    (mlx-lm's exact hit: nothing left to feed). Served one at a time, it is answered as a fresh server answers it
+    (plain greedy of the whole prompt): an attention cache gives its last token back (trimmed), a recurrent one
+    cannot be trimmed and the prompt is prefilled afresh. Before, the single-request path refused it (HTTP 400,
+    "the prompt must hold at least one token"), speculative or not."""
+    path = recurrent[arch] if arch in recurrent else write_recurrent_model(arch, tmp_path / arch)
+    prompt = "def def abc abc def def abc"
+    extra = {} if speculative else {"extra_body": {"speculative": False}}
+    with Server("--model", path, "--decode-concurrency", "1") as server:
+        whole, finish, _ = ask(server, prompt, **extra)
+        assert finish == "length"   # the cache is stored under the prompt and every answered token
+        text, _, _ = ask(server, prompt + whole, **extra)
+    assert text == plain_text(path, prompt + whole)
