@@ -126,13 +126,13 @@ class BatchVerifyCache:
                 else:
                     raise _unsupported(i, c)
         if self.replayed:
-            if layer_replay is None:
-                layer_replay = batch_layer_replay_qualifies(model)
-            if not layer_replay:
+            why = ("" if layer_replay else "layer_replay=False given" if layer_replay is False
+                   else batch_layer_replay_refusal(model))
+            if why:
                 raise RollbackUnsupported(
                     f"recurrent layers ({', '.join(sorted(replayed_names))}) that are neither a known "
                     f"GatedDeltaNet nor a short conv, and whose decoder layers failed the batched layer-replay "
-                    f"check (batch_layer_replay_qualifies): decode one request at a time")
+                    f"check (batch_layer_replay_qualifies: {why}): decode one request at a time")
         self.layers = layers if self.replayed else []   # recorded during a forward (_RecordingCall)
         self.calls: list | None = None   # the last forward's calls holding replayed caches (_record_calls)
         self.checkpoint: list | None = None   # the replayed caches' arrays before the last forward
@@ -342,8 +342,8 @@ def _batch_cut(base: type, args: tuple, kwargs: dict, cache, rows: list[int], B:
     return cut_args, cut_kwargs
 
 
-#: Per set of decoder layer classes: whether per-row layer replay in a batch gave the solo path's caches.
-_BATCH_LAYER_REPLAY: dict[frozenset, bool] = {}
+#: Per set of decoder layer classes: why per-row layer replay in a batch does not qualify ("": it does).
+_BATCH_LAYER_REPLAY: dict[frozenset, str] = {}
 
 
 def batch_layer_replay_qualifies(model: nn.Module) -> bool:
@@ -356,15 +356,21 @@ def batch_layer_replay_qualifies(model: nn.Module) -> bool:
     (:data:`~mlx_backend.decode.rollback.LAYER_REPLAY_RTOL`, ``LAYER_REPLAY_ATOL``) to the row alone:
     its prompt, then a solo :class:`~mlx_backend.decode.rollback.VerifyCache` forward over its real tokens
     cut back by the full replay (the model re-run on the kept tokens). A model that fails, or raises,
-    is not batched.
+    is not batched (:func:`batch_layer_replay_refusal` says why).
     """
+    return not batch_layer_replay_refusal(model)
+
+
+def batch_layer_replay_refusal(model: nn.Module) -> str:
+    """Why ``model`` fails :func:`batch_layer_replay_qualifies`, in a few words ("" where it qualifies): the
+    caches differed, or what the check raised (e.g. mlx-lm's ``merge`` of its caches)."""
     key = _layer_classes(model)
     if key not in _BATCH_LAYER_REPLAY:
         _BATCH_LAYER_REPLAY[key] = _batch_replays_layer_locally(model)
     return _BATCH_LAYER_REPLAY[key]
 
 
-def _batch_replays_layer_locally(model: nn.Module) -> bool:
+def _batch_replays_layer_locally(model: nn.Module) -> str:
     from mlx_lm.models.cache import make_prompt_cache
 
     def prefilled(prompt):
@@ -399,6 +405,6 @@ def _batch_replays_layer_locally(model: nn.Module) -> bool:
             theirs = [list(c.cache) for c in alone if type(c) is ArraysCache]
             mine = [[None if x is None else x[b:b + 1] for x in c] for c in mine]
             same = _same_caches(mine, theirs) and same
-        return same
-    except Exception:   # a layer the recorded arguments cannot re-run, a model the check cannot drive
-        return False
+        return "" if same else "a row's caches differed from the row decoded alone"
+    except Exception as exc:   # a layer the recorded arguments cannot re-run, caches mlx-lm cannot merge
+        return f"it raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")

@@ -196,14 +196,21 @@ def test_replayed_recurrent_rows_match_solo(arch):
 
 def test_a_recurrent_layer_sharing_its_cache_or_failing_the_check_is_refused(monkeypatch):
     """falcon_h1's mamba cache shares a CacheList with a KV cache: no layer to re-run alone; a layer class
-    that fails :func:`batch_layer_replay_qualifies` is refused too."""
+    that fails :func:`batch_layer_replay_qualifies` is refused too, the refusal saying why."""
     falcon, _ = models("falcon_h1")
     with pytest.raises(RollbackUnsupported, match="FalconH1Mixer.*CacheList.*one request at a time"):
         BatchVerifyCache(falcon, batch_of(falcon, [[1, 2]]))
     mamba, _ = models("mamba")
-    monkeypatch.setitem(verify._BATCH_LAYER_REPLAY, verify._layer_classes(mamba), False)
-    with pytest.raises(RollbackUnsupported, match="MambaBlock.*batched layer-replay check.*one request at a time"):
+    monkeypatch.setitem(verify._BATCH_LAYER_REPLAY, verify._layer_classes(mamba), "a planted reason")
+    with pytest.raises(RollbackUnsupported,
+                       match="MambaBlock.*batched layer-replay check.*a planted reason.*one request at a time"):
         BatchVerifyCache(mamba, batch_of(mamba, [[1, 2]]))
+    # longcat_flash_ngram's caches: mlx-lm cannot merge the check's rows (prompts of different lengths); the
+    # refusal says what the check raised, not that caches differed
+    longcat, _ = models("longcat_flash_ngram")
+    with pytest.raises(RollbackUnsupported, match=r"layer-replay check \(batch_layer_replay_qualifies: it raised "
+                                                  r"ValueError: .*broadcast.*\): decode one request at a time"):
+        BatchVerifyCache(longcat, batch_of(longcat, [[1, 2]]))
 
 
 def test_sliding_window_rows_after_the_ring_wraps():
