@@ -170,28 +170,6 @@ def write_recurrent_model(arch: str, out) -> str:
     return str(out)
 
 
-@pytest.mark.parametrize("arch", ["nemotron_h", "jamba"])   # pure mamba, mamba2, rwkv7: test_server_recurrent.py
-def test_a_model_with_mamba_layers_is_served_batched_with_plain_answers(tmp_path, arch):
-    """Hybrids' mamba layers (before: served one request at a time, "batched rollback needs recorded per-token
-    states"): concurrent speculative requests share verify forwards and each gets the tokens the same request
-    gets alone with ``"speculative": false``, which are mlx-lm's plain greedy decoding."""
-    path = write_recurrent_model(arch, tmp_path / arch)
-    requests = [("chat", MESSAGES[0], {}), ("chat", MESSAGES[1], {"drafter": "suffix"}),
-                ("chat", MESSAGES[2], {"draft_max": 3}), ("chat", EDIT, {})]
-    server = Server("--model", path, "--decode-concurrency", "4")
-    try:
-        plain = [run(server, kind, what, {"speculative": False}) for kind, what, _ in requests]
-        got = together(server, requests)
-        stats = server.stats()
-    finally:
-        server.stop()
-    for (kind, what, _), (text, ids, finish, timings), alone in zip(requests, got, plain):
-        assert (text, ids, finish) == alone[:3]
-        assert ids == plain_greedy(path, kind, what)
-        assert timings["speculative"]
-    assert stats["rows_per_forward"]["max"] > 1, stats
-
-
 def test_decode_concurrency_one_serves_one_row_per_forward(models):
     server = Server("--model", str(models["llama"]), "--decode-concurrency", "1")
     try:

@@ -25,17 +25,20 @@ REQUESTS = [("chat", MESSAGES[0], {}), ("chat", MESSAGES[1], {"drafter": "suffix
 
 @pytest.fixture(scope="module")
 def recurrent(tmp_path_factory):
-    """Tiny random mamba, mamba2 and rwkv7 models (the tiny models' tokenizer), written once."""
+    """Tiny random mamba, mamba2 and rwkv7 models, and hybrids with mamba layers (nemotron_h, jamba), with the
+    tiny models' tokenizer, written once."""
     root = tmp_path_factory.mktemp("recurrent-models")
-    return {arch: write_recurrent_model(arch, root / arch) for arch in ("mamba", "mamba2", "rwkv7")}
+    return {arch: write_recurrent_model(arch, root / arch)
+            for arch in ("mamba", "mamba2", "rwkv7", "nemotron_h", "jamba")}
 
 
-@pytest.mark.parametrize("arch", ["mamba", "mamba2", "rwkv7"])
+@pytest.mark.parametrize("arch", ["mamba", "mamba2", "rwkv7", "nemotron_h", "jamba"])
 @pytest.mark.parametrize("concurrency", ["4", "1"])
-def test_a_model_without_attention_is_served_with_plain_answers(recurrent, arch, concurrency):
+def test_a_model_with_recurrent_layers_is_served_with_plain_answers(recurrent, arch, concurrency):
     """Concurrent speculative requests, batched (``--decode-concurrency 4``: they share verify forwards) or served
     one at a time (``1``), each get the tokens the same request gets alone with ``"speculative": false``, which
-    are mlx-lm's plain greedy decoding."""
+    are mlx-lm's plain greedy decoding: models without an attention layer (before: refused at start) and hybrids'
+    mamba layers (before: served one request at a time, "batched rollback needs recorded per-token states")."""
     path = recurrent[arch]
     server = Server("--model", path, "--decode-concurrency", concurrency)
     try:
