@@ -59,7 +59,7 @@ import numpy as np
 from mlx_lm import __version__ as MLX_LM_VERSION
 from mlx_lm import server as mlx_server
 from mlx_lm.generate import stream_generate as plain_stream_generate
-from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
 from mlx_lm.utils import maybe_set_recommended_wired_limit
 
 from reference.drafter import Drafter
@@ -598,9 +598,24 @@ class NgramSpeculator:
 
 
 class HeldPromptCache(LRUPromptCache):
-    """mlx-lm's LRU of prompt caches, storing a cache under the tokens it really holds when told (:meth:`hold`)."""
+    """mlx-lm's LRU of prompt caches, storing a cache under the tokens it really holds when told (:meth:`hold`),
+    and never handing out one that holds the whole prompt (:meth:`fetch_nearest_cache`)."""
 
     _held: Optional[tuple[list, list[int]]] = None
+
+    def fetch_nearest_cache(self, model, tokens):
+        """mlx-lm's nearest cache and the tokens left to feed, except that a cache holding the whole prompt (its
+        exact hit: an earlier prompt and its whole answer sent again) leaves one token to feed, as a generator
+        needs: the last token trimmed off an attention cache; a recurrent state cannot be trimmed, so none (the
+        prompt is prefilled afresh). So the cached tokens reported are the ones reused. Before, serving one
+        request at a time got nothing to feed (HTTP 400; plain ``mlx_lm.server`` 0.32.2 drops the connection)."""
+        cache, rest = super().fetch_nearest_cache(model, tokens)
+        if cache is not None and not len(rest) and len(tokens):
+            if can_trim_prompt_cache(cache):
+                trim_prompt_cache(cache, 1)
+                return cache, tokens[-1:]
+            return None, tokens
+        return cache, rest
 
     def hold(self, prompt_cache: list, tokens: list[int]) -> None:
         """The next :meth:`insert_cache` of ``prompt_cache`` stores it under ``tokens``."""
@@ -872,17 +887,6 @@ class SpecResponseGenerator(mlx_server.ResponseGenerator):
         request, full = self._current
         spec, speculator = request.spec, draft_model
         rest = [int(t) for t in prompt]
-        if not rest and full:
-            # the LRU held the whole prompt (mlx-lm's exact hit: a prompt that is an earlier prompt and its whole
-            # answer): a generator needs a last token to feed, so the cache gives one back, trimmed where it can
-            # be, else emptied (a recurrent state: the prompt is prefilled afresh), as the batched path does.
-            # In place: mlx-lm's _serve_single stores this same list afterwards
-            if can_trim_prompt_cache(prompt_cache):
-                trim_prompt_cache(prompt_cache, 1)
-                rest = full[-1:]
-            else:
-                prompt_cache[:] = make_prompt_cache(model)
-                rest = list(full)
         n_cached = len(full) - len(rest)
         spec.prompt_tokens, spec.cached_tokens = len(full), n_cached
         drafter = None

@@ -125,18 +125,28 @@ def test_a_continued_conversation_reuses_the_recurrent_cache_exactly(recurrent, 
 
 
 @pytest.mark.parametrize("arch", ["mamba", "llama"])
+@pytest.mark.parametrize("concurrency", ["1", "4"])
 @pytest.mark.parametrize("speculative", [True, False])
-def test_a_prompt_the_cache_holds_whole_is_answered(recurrent, tmp_path, arch, speculative):
+def test_a_prompt_the_cache_holds_whole_is_answered(recurrent, tmp_path, arch, concurrency, speculative):
     """A completion whose prompt is an earlier prompt and its whole answer finds a cache holding exactly that
-    (mlx-lm's exact hit: nothing left to feed). Served one at a time, it is answered as a fresh server answers it
-    (plain greedy of the whole prompt): an attention cache gives its last token back (trimmed), a recurrent one
-    cannot be trimmed and the prompt is prefilled afresh. Before, the single-request path refused it (HTTP 400,
-    "the prompt must hold at least one token"), speculative or not."""
+    (mlx-lm's exact hit: nothing left to feed). It is answered as a fresh server answers it (plain greedy of the
+    whole prompt), and the cached tokens reported are those reused: an attention cache gives its last token back
+    (trimmed: all but one reused), a recurrent one cannot be trimmed and the prompt is prefilled afresh (none).
+    Before, served one at a time it was refused (HTTP 400, "the prompt must hold at least one token"),
+    speculative or not, and then (fixed inside the generator) reported the whole prompt as cached. Batched, the
+    answer's last token was never fed, so the stored cache is a shorter prefix, reused as it is."""
     path = recurrent[arch] if arch in recurrent else write_recurrent_model(arch, tmp_path / arch)
     prompt = "def def abc abc def def abc"
     extra = {} if speculative else {"extra_body": {"speculative": False}}
-    with Server("--model", path, "--decode-concurrency", "1") as server:
+    with Server("--model", path, "--decode-concurrency", concurrency) as server:
         whole, finish, _ = ask(server, prompt, **extra)
         assert finish == "length"   # the cache is stored under the prompt and every answered token
-        text, _, _ = ask(server, prompt + whole, **extra)
+        r = server.client.completions.create(model="default_model", prompt=prompt + whole, max_tokens=N,
+                                             temperature=0.0, logit_bias=LETTERS, **extra)
+    text, details = r.choices[0].text, r.usage.prompt_tokens_details
     assert text == plain_text(path, prompt + whole)
+    # one at a time the first cache is stored under the prompt and every answered token (an exact hit: llama's
+    # is trimmed by one, mamba's not reused); batched, under the tokens fed, the last answered one never was (a
+    # shorter stored prefix, reused whole by both)
+    whole_hit_of_a_state = arch == "mamba" and concurrency == "1"
+    assert (details.cached_tokens if details else 0) == (0 if whole_hit_of_a_state else r.usage.prompt_tokens - 1)
