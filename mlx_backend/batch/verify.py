@@ -39,7 +39,7 @@ own ``merge`` of per-request caches, grown with ``extend``, shrunk with ``filter
   and the first ``m[b]`` positions of its recorded arguments (:func:`_batch_cut`; the recurrence is causal,
   so the hidden states it got for a row's real positions are that row's own), its output dropped; the
   re-run rows' states are then put back in place. A model qualifies by a check once per set of decoder
-  layer classes (:func:`batch_layer_replay_qualifies`), else it is refused. The same conditions on
+  layer classes (:func:`batch_layer_replay_refusal`), else it is refused. The same conditions on
   ``lengths`` and ``left_padding`` hold (mamba2's masks for padded prefill then stay off). A layer whose
   cache shares a ``CacheList`` with a KV cache (falcon_h1) is refused: its re-run would have to cut
   that KV cache per row too.
@@ -84,7 +84,7 @@ class BatchVerifyCache:
     ``cache`` is the list of per-layer batch caches (``BatchKVCache``, ``BatchRotatingKVCache``, GDN,
     short-conv and other recurrent layers' ``ArraysCache``), updated in place; caches grown with ``extend``
     or shrunk with ``filter`` between forwards stay valid. ``layer_replay``: whether the model's other
-    recurrent layers may be re-run per row (None: :func:`batch_layer_replay_qualifies` decides; the
+    recurrent layers may be re-run per row (None: :func:`batch_layer_replay_refusal` decides; the
     check itself passes True).
     """
 
@@ -132,7 +132,7 @@ class BatchVerifyCache:
                 raise RollbackUnsupported(
                     f"recurrent layers ({', '.join(sorted(replayed_names))}) that are neither a known "
                     f"GatedDeltaNet nor a short conv, and whose decoder layers failed the batched layer-replay "
-                    f"check (batch_layer_replay_qualifies: {why}): decode one request at a time")
+                    f"check (batch_layer_replay_refusal: {why}): decode one request at a time")
         self.layers = layers if self.replayed else []   # recorded during a forward (_RecordingCall)
         self.calls: list | None = None   # the last forward's calls holding replayed caches (_record_calls)
         self.checkpoint: list | None = None   # the replayed caches' arrays before the last forward
@@ -191,7 +191,7 @@ class BatchVerifyCache:
             attach(c, _VerifyingRotating)
             c._ngram_verify, c._ngram_new = True, None
         # the replayed caches' arrays as they are (mlx-lm's layers put new arrays in a cache, never write
-        # into one: batch_layer_replay_qualifies would see it) and the calls holding them; not for one token,
+        # into one: batch_layer_replay_refusal would see it) and the calls holding them; not for one token,
         # which every row keeps
         record = S > 1
         self.checkpoint = [list(c.cache) for c in self.replayed] if record else None
@@ -215,7 +215,7 @@ class BatchVerifyCache:
         self.records = [take_record(module) for module, _ in self.gdn + self.conv]
         self.S, self.lengths = S, lengths
         if record and self.replayed:
-            self.calls = self._record_calls(recorded, B, S)
+            self.calls = self._record_calls(recorded)
         return logits
 
     def keep(self, m: Sequence[int]) -> None:
@@ -239,13 +239,13 @@ class BatchVerifyCache:
         self.records = self.calls = self.checkpoint = None
         self.S, self.lengths = 0, None
 
-    def _record_calls(self, recorded: list, B: int, S: int) -> list:
+    def _record_calls(self, recorded: list) -> list:
         """Of the decoder-layer calls of the forward just run (``recorded``: each layer and its calls), those
         that got a replayed cache: ``(layer, its mlx-lm class, args, kwargs, cache)``, one per replayed cache,
         in :attr:`replayed`'s order (the class kept: a solo run on the same model may detach the layer before
         :meth:`keep`). Raises RollbackUnsupported (the batch cache then holds the whole forward)
-        unless each replayed cache went to exactly one call of one decoder layer, as the cache itself, and
-        every other argument is one :func:`_batch_cut` can cut."""
+        unless each replayed cache went to exactly one call of one decoder layer, as the cache itself (its
+        other arguments are cut at :meth:`keep`, which refuses one :func:`_batch_cut` does not know)."""
         held: dict[int, tuple] = {}
         ok = True
         for layer, calls in recorded:
@@ -257,9 +257,7 @@ class BatchVerifyCache:
                     ok = False
                 held[id(mine[0])] = (layer, layer._ngram_base, args, kwargs, mine[0])
         calls = [held.get(id(c)) for c in self.replayed]
-        if not ok or any(call is None for call in calls) or any(
-                _batch_cut(base, args, kwargs, cache, [0], B, S, S - 1, cache) is None
-                for _, base, args, kwargs, cache in calls):
+        if not ok or any(call is None for call in calls):
             raise RollbackUnsupported("a recurrent layer's verify call could not be recorded for a per-row "
                                       "re-run: decode this model one request at a time")
         return calls
@@ -286,7 +284,11 @@ class BatchVerifyCache:
             for (layer, base, args, kwargs, cache), saved in zip(self.calls, self.checkpoint):
                 part = ArraysCache(len(saved))
                 part.cache = [None if x is None else x[index] for x in saved]
-                cut_args, cut_kwargs = _batch_cut(base, args, kwargs, cache, rows, B, S, a, part)
+                cut = _batch_cut(base, args, kwargs, cache, rows, B, S, a, part)
+                if cut is None:   # before any state is put back: the batch cache holds the whole forward
+                    raise RollbackUnsupported(f"a recurrent layer's verify call ({base.__name__}) has an argument "
+                                              "a per-row re-run cannot cut: decode this model one request at a time")
+                cut_args, cut_kwargs = cut
                 base.__call__(layer, *cut_args, **cut_kwargs)   # output unused: only the state
                 results[id(cache)].append(part.cache)
         where = mx.array(where)
@@ -346,9 +348,11 @@ def _batch_cut(base: type, args: tuple, kwargs: dict, cache, rows: list[int], B:
 _BATCH_LAYER_REPLAY: dict[frozenset, str] = {}
 
 
-def batch_layer_replay_qualifies(model: nn.Module) -> bool:
-    """Whether :class:`BatchVerifyCache` may cut back, per row, the recurrent layers that are neither a
-    GatedDeltaNet nor a short conv by re-running their decoder layers alone (:meth:`BatchVerifyCache.keep`).
+def batch_layer_replay_refusal(model: nn.Module) -> str:
+    """Why :class:`BatchVerifyCache` may not cut back, per row, the recurrent layers that are neither a
+    GatedDeltaNet nor a short conv by re-running their decoder layers alone (:meth:`BatchVerifyCache.keep`),
+    in a few words: the caches differed, or what the check raised (e.g. mlx-lm's ``merge`` of its caches);
+    "" where it may.
 
     Checked once per set of decoder layer classes, on random tokens: three rows (prompts of 3, 2 and 1
     tokens) merged into batch caches, a verify forward with lengths 4, 4, 3 (S = 4), then keep(4, 2, 3)
@@ -356,14 +360,8 @@ def batch_layer_replay_qualifies(model: nn.Module) -> bool:
     (:data:`~mlx_backend.decode.rollback.LAYER_REPLAY_RTOL`, ``LAYER_REPLAY_ATOL``) to the row alone:
     its prompt, then a solo :class:`~mlx_backend.decode.rollback.VerifyCache` forward over its real tokens
     cut back by the full replay (the model re-run on the kept tokens). A model that fails, or raises,
-    is not batched (:func:`batch_layer_replay_refusal` says why).
+    is not batched.
     """
-    return not batch_layer_replay_refusal(model)
-
-
-def batch_layer_replay_refusal(model: nn.Module) -> str:
-    """Why ``model`` fails :func:`batch_layer_replay_qualifies`, in a few words ("" where it qualifies): the
-    caches differed, or what the check raised (e.g. mlx-lm's ``merge`` of its caches)."""
     key = _layer_classes(model)
     if key not in _BATCH_LAYER_REPLAY:
         _BATCH_LAYER_REPLAY[key] = _batch_replays_layer_locally(model)

@@ -196,7 +196,7 @@ def test_replayed_recurrent_rows_match_solo(arch):
 
 def test_a_recurrent_layer_sharing_its_cache_or_failing_the_check_is_refused(monkeypatch):
     """falcon_h1's mamba cache shares a CacheList with a KV cache: no layer to re-run alone; a layer class
-    that fails :func:`batch_layer_replay_qualifies` is refused too, the refusal saying why."""
+    that fails :func:`batch_layer_replay_refusal` is refused too, the refusal saying why."""
     falcon, _ = models("falcon_h1")
     with pytest.raises(RollbackUnsupported, match="FalconH1Mixer.*CacheList.*one request at a time"):
         BatchVerifyCache(falcon, batch_of(falcon, [[1, 2]]))
@@ -208,9 +208,24 @@ def test_a_recurrent_layer_sharing_its_cache_or_failing_the_check_is_refused(mon
     # longcat_flash_ngram's caches: mlx-lm cannot merge the check's rows (prompts of different lengths); the
     # refusal says what the check raised, not that caches differed
     longcat, _ = models("longcat_flash_ngram")
-    with pytest.raises(RollbackUnsupported, match=r"layer-replay check \(batch_layer_replay_qualifies: it raised "
+    with pytest.raises(RollbackUnsupported, match=r"layer-replay check \(batch_layer_replay_refusal: it raised "
                                                   r"ValueError: .*broadcast.*\): decode one request at a time"):
         BatchVerifyCache(longcat, batch_of(longcat, [[1, 2]]))
+
+
+def test_a_recurrent_call_keep_cannot_cut_is_refused_before_any_state_moves(monkeypatch):
+    """A recorded argument the per-row cut does not know (planted: every argument unknown) refuses keep, naming
+    the layer class, before any row's state is put back: the recurrent caches hold the forward's state."""
+    mamba, _ = models("mamba")
+    cache = batch_of(mamba, [[1, 2, 3], [4, 5]])
+    bvc = BatchVerifyCache(mamba, cache)
+    mx.eval(bvc.forward([[3, 6, 7], [5, 8, 0]], [3, 2]))
+    after_forward = [list(c.cache) for c in cache]
+    monkeypatch.setattr(verify, "_first_rows", lambda *args: verify._UNKNOWN)
+    with pytest.raises(RollbackUnsupported, match="ResidualBlock.*one request at a time"):
+        bvc.keep([1, 2])
+    bvc.close(align=False)
+    assert all(x is y for now, then in zip(cache, after_forward) for x, y in zip(now.cache, then))
 
 
 def test_sliding_window_rows_after_the_ring_wraps():
