@@ -128,6 +128,16 @@ class _Sequence:
     t_join: Optional[float] = None
 
 
+def feed_the_last(cache: Optional[list], prompt: list[int]) -> tuple[Optional[list], list[int]]:
+    """For a prompt cache holding the whole ``prompt``, which leaves a generator no last token to feed: the cache
+    and the tokens to feed, the last one trimmed off a cache that can be trimmed, else no cache and the whole
+    prompt (a recurrent state cannot be trimmed: the prompt is prefilled afresh)."""
+    if cache is not None and can_trim_prompt_cache(cache):
+        trim_prompt_cache(cache, 1)
+        return cache, prompt[-1:]
+    return None, list(prompt)
+
+
 def batch_unsupported(model: nn.Module) -> Optional[str]:
     """None when :class:`BatchSpeculativeDecoder` can batch ``model``'s caches, else the reason (naming the
     cache), from the checks its ``join`` makes (:func:`~mlx_backend.batch.generate.check_batch_model`)."""
@@ -200,11 +210,8 @@ class SpeculativeBatchGenerator:
         if not segs:   # the cache holds the whole prompt: there must be a last token to feed
             if not cached:
                 raise ValueError(f"sequence {uid} has an empty prompt: give at least one token")
-            if cache is not None and can_trim_prompt_cache(cache):
-                trim_prompt_cache(cache, 1)
-                segs, cached = [cached[-1:]], cached[:-1]
-            else:
-                segs, cached, cache = [cached], [], None
+            cache, rest = feed_the_last(cache, cached)
+            segs, cached = [rest], cached[:len(cached) - len(rest)]
         if len(segs[-1]) != 1:
             segs[-1:] = [segs[-1][:-1], segs[-1][-1:]]
         cache = make_prompt_cache(self.model) if cache is None else cache

@@ -59,14 +59,15 @@ import numpy as np
 from mlx_lm import __version__ as MLX_LM_VERSION
 from mlx_lm import server as mlx_server
 from mlx_lm.generate import stream_generate as plain_stream_generate
-from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import LRUPromptCache
 from mlx_lm.utils import maybe_set_recommended_wired_limit
 
 from reference.drafter import Drafter
 from reference.ngram.ours_file import check_file_tokenizer, tokenizer_fingerprint
 from mlx_backend.ngram.api import HashTable, as_table, load_cache
 from mlx_backend.ngram.dynamic_cache import DYNAMIC_MAX_ENTRIES, check_max_entries, load_dynamic, save_dynamic
-from mlx_backend.batch.server_batch import RowPlan, RowReport, SpeculativeBatchGenerator, batch_unsupported
+from mlx_backend.batch.server_batch import (RowPlan, RowReport, SpeculativeBatchGenerator, batch_unsupported,
+                                           feed_the_last)
 from mlx_backend.decode.draft_policy import DEFAULT_K_MAX, SEEDED_DRAFT_MAX
 from mlx_backend.decode.generate import SpecStats, stream_generate as spec_stream_generate, vocab_size
 from mlx_backend.ngram.default import lookup_drafter, make_drafter, suffix_api
@@ -611,10 +612,7 @@ class HeldPromptCache(LRUPromptCache):
         request at a time got nothing to feed (HTTP 400; plain ``mlx_lm.server`` 0.32.2 drops the connection)."""
         cache, rest = super().fetch_nearest_cache(model, tokens)
         if cache is not None and not len(rest) and len(tokens):
-            if can_trim_prompt_cache(cache):
-                trim_prompt_cache(cache, 1)
-                return cache, tokens[-1:]
-            return None, tokens
+            return feed_the_last(cache, tokens)
         return cache, rest
 
     def hold(self, prompt_cache: list, tokens: list[int]) -> None:
