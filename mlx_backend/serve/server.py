@@ -44,7 +44,9 @@ import hashlib
 import json
 import logging
 import math
+import select
 import signal
+import socket
 import sys
 import threading
 import time
@@ -1014,7 +1016,10 @@ class SpecAPIHandler(mlx_server.APIHandler):
     def handle_completion(self, request, stop_words):
         """mlx-lm's, answering an error raised once the response has begun (mlx-lm lets it escape and the
         connection is dropped): an error response if nothing was sent yet, else a last ``data: {"error":
-        ...}`` event (the ``openai`` client raises it as an ``APIError``); then the connection is closed."""
+        ...}`` event (the ``openai`` client raises it as an ``APIError``); then the connection is closed.
+        The request is stopped as soon as its client hangs up (:class:`_HangUpWatch`), streamed or not."""
+        shared = self.response_generator
+        self.response_generator = _HangUpWatch(shared, self)
         try:
             super().handle_completion(request, stop_words)
         except Exception as exc:
@@ -1035,6 +1040,8 @@ class SpecAPIHandler(mlx_server.APIHandler):
             else:  # the success headers are still buffered: replace them
                 self._headers_buffer = []
                 self._json(status, {"error": error})
+        finally:
+            self.response_generator = shared  # the next request on this connection wraps it anew
 
     def validate_model_parameters(self) -> None:
         super().validate_model_parameters()
@@ -1150,6 +1157,56 @@ class SpecAPIHandler(mlx_server.APIHandler):
 _ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 411: "invalid_request_error"}
 
 
+def client_hung_up(sock: socket.socket) -> bool:
+    """Whether the client closed its end of ``sock``: it reads as ended (EOF) or fails (reset). A client sends
+    nothing while it waits for its answer, so readable data (a pipelined next request) is not an end."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
+
+
+class _HangUpWatch:
+    """The shared generator as one request's handler uses it: before each token (and each prompt-progress
+    report) is handed on, the client's socket is looked at (:func:`client_hung_up`, one ``select``); once the
+    client has hung up, the request is stopped (``ctx.stop()``: its row leaves the batch at the next step,
+    counted ``cancelled``) and ``ConnectionAbortedError`` ends the handler. Without it, a non-streamed request
+    whose client went away (a timeout, Ctrl-C) decoded to ``max_tokens`` before a write could fail (mlx-lm's
+    server does), holding a row of the batch all that time."""
+
+    def __init__(self, shared: SpecResponseGenerator, handler: "SpecAPIHandler"):
+        self._shared, self._handler = shared, handler
+
+    def _check(self, ctx) -> None:
+        if client_hung_up(self._handler.connection):
+            if self._handler.spec is not None:
+                self._handler.spec.cancelled = True
+            ctx.stop()
+            raise ConnectionAbortedError("the client hung up before its answer was complete")
+
+    def generate(self, request, generation_args, progress_callback=None):
+        ctx = None
+
+        def progress(*report):
+            if ctx is not None:
+                self._check(ctx)
+            if progress_callback is not None:
+                progress_callback(*report)
+
+        ctx, response = self._shared.generate(request, generation_args, progress)
+
+        def watched():
+            for item in response:
+                self._check(ctx)
+                yield item
+
+        return ctx, watched()
+
+    def __getattr__(self, name):
+        return getattr(self._shared, name)
+
+
 class _OpenAIErrorBodies:
     """The handler's output stream: mlx-lm writes an error as ``{"error": "text"}`` (or ``Not Found``) in one
     write after the headers; it goes out in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``."""
@@ -1188,6 +1245,9 @@ class SpecHTTPServer(ThreadingHTTPServer):
     printing) a request's unexpected exception. ``run_serve`` serves with a subclass naming its generator."""
 
     generator: SpecResponseGenerator
+    # socketserver's listen backlog is 5: a burst of clients connecting at once (agents fanning out) overflowed it
+    # and some got "connection reset" before the accept loop reached them; 1024 (the kernel caps it at somaxconn)
+    request_queue_size = 1024
 
     def service_actions(self):  # run by serve_forever at least every 0.5 s
         if self.generator.failed.is_set():

@@ -11,7 +11,11 @@ with an error its client sees and saves the dynamic cache.
 """
 from __future__ import annotations
 
+import http.client
 import json
+import os
+import signal
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -222,6 +226,59 @@ def test_a_client_that_hangs_up_mid_stream_frees_its_row_and_the_others_complete
     assert after["completed"] == before["completed"] + len(others)
     assert after["completion_tokens"] - before["completion_tokens"] < 3000
     assert after["rows_per_forward"]["max"] > 1
+
+
+@pytest.mark.parametrize("extra", [{}, {"seed": 0}], ids=["batched", "served-alone"])
+def test_a_client_that_hangs_up_before_a_non_streamed_answer_stops_its_request(models, extra):
+    """A non-streamed request has nothing to write until it ends, so no failed write can tell the server its
+    client went away (a timeout, Ctrl-C): before, it decoded to ``max_tokens`` for no one (mlx-lm's server still
+    does). Now it is stopped within a token of the hang-up, batched or served alone (``seed``: mlx-lm serves
+    seeded requests one at a time), counted ``cancelled``, and the server goes on serving."""
+    server = Server("--model", str(models["llama"]), "--decode-concurrency", "8")
+    try:
+        before = server.stats()
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        conn.request("POST", "/v1/chat/completions", headers={"Content-Type": "application/json"}, body=json.dumps(
+            {"messages": MESSAGES[2], "max_tokens": 3000, "temperature": 0.0, "logit_bias": {str(EOS): -100},
+             **extra}))                                    # no EOS: only the hang-up can end it before 3000 tokens
+        time.sleep(0.3)
+        conn.close()                                       # hang up with the answer unread
+        deadline = time.monotonic() + 120
+        while (after := server.stats())["cancelled"] + after["completed"] == before["cancelled"] + before["completed"]:
+            assert time.monotonic() < deadline, after
+            time.sleep(0.05)
+        time.sleep(0.5)
+        assert server.stats()["completion_tokens"] == after["completion_tokens"]     # nothing decoded since
+        assert run(server, *REQUESTS[0])[2] in ("stop", "length")                     # still serving
+    finally:
+        server.stop()
+    assert after["cancelled"] == before["cancelled"] + 1 and after["completed"] == before["completed"]
+    assert after["completion_tokens"] - before["completion_tokens"] < 3000
+
+
+def test_clients_connecting_at_once_while_the_server_is_busy_are_all_answered(models):
+    """Agents fan out: many clients connect in the same instant. The connections the server has not accepted yet
+    wait in the listen backlog, which was socketserver's 5: a burst overflowed it and the clients beyond it got
+    "connection reset" or hung (``openai``: ``APIConnectionError``; 17 of 512 clients released together here).
+    Made certain by stopping the server's process (SIGSTOP) while 64 clients connect: each connection must
+    complete, and once the server runs again each is answered."""
+    server = Server("--model", str(models["llama"]), "--decode-concurrency", "8")
+    clients = []
+    try:
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        try:
+            for _ in range(64):
+                clients.append(socket.create_connection(("127.0.0.1", server.port), timeout=5))
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        for sock in clients:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        answers = [sock.makefile("rb").readline() for sock in clients]
+    finally:
+        for sock in clients:
+            sock.close()
+        server.stop()
+    assert answers == [b"HTTP/1.0 200 OK\r\n"] * 64, set(answers)
 
 
 def test_sigterm_ends_every_request_in_flight_with_an_error_and_saves_the_dynamic_cache(models, tmp_path):
