@@ -16,6 +16,7 @@ import inspect
 import io
 import json
 import lzma
+import os
 import sys
 import time
 from pathlib import Path
@@ -569,11 +570,28 @@ def cmd_stats_requests(args) -> int:
     return 0
 
 
+def warn_repeated_inputs(paths) -> None:
+    """``merge`` sums every input's counts, as ``llama-lookup-merge`` does, so a file given twice (by any path
+    to it) counts twice: allowed (a way to weight a file), but said, as it is more often a slip."""
+    seen: dict[tuple[int, int], list[str]] = {}
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue  # loading it names the problem
+        seen.setdefault((st.st_dev, st.st_ino), []).append(str(path))
+    for names in seen.values():
+        if len(names) > 1:
+            print(f"warning: one file is given {len(names)} times ({', '.join(names)}): its counts are added "
+                  f"{len(names)} times (give each file once unless you mean to weight it)", file=sys.stderr)
+
+
 def cmd_merge(args) -> int:
     backend = get_backend(args.backend)
     check_format(backend, args.format)
     check_cache_outputs({"-o": args.output})
     check_outputs({"-o": args.output}, inputs=args.inputs)
+    warn_repeated_inputs(args.inputs)
     caches = [load_cache_file(backend, path, "input") for path in args.inputs]
     merged = backend.merge_caches(caches)
     save_cache_file(backend, merged, args.output, args.format)

@@ -87,6 +87,8 @@ def test_create_merge_inspect(capsys, tmp_path):
     merged = tmp_path / "merged.bin"
     rc, _, err = run(capsys, "merge", static, V("edge-neg-dyn.bin"), static, "-o", merged)
     assert rc == 0, err
+    assert f"warning: one file is given 2 times ({static}, {static}): its counts are added 2 times" in err
+    assert err.count("warning") == 1  # edge-neg-dyn.bin, given once, is not named
     m = load_cache(merged)
     assert m.total() == 2 * 99998 + 22
     assert m.counts[(20, 10)] == {20: 2}  # from edge-neg-dyn.bin only
