@@ -47,7 +47,9 @@ def register(subparsers) -> None:
                     "example: ngram-spec create corpus.i32 -o static.bin\n"
                     "         ngram-spec create corpus.txt --tokenizer path/to/tokenizer.json -o static.bin")
     p.add_argument("input", metavar="INPUT", help="token file, or text file with --tokenizer")
-    p.add_argument("-o", "--output", required=True, metavar="OUTPUT", help="cache file to write")
+    p.add_argument("-o", "--output", required=True, metavar="OUTPUT",
+                   help="cache file to write; an existing file is replaced once the new one is complete (as "
+                        "llama.cpp's tools do; never one of the inputs)")
     p.add_argument("--tokenizer", metavar="PATH",
                    help="tokenize INPUT as text with this tokenizer: a Hugging Face tokenizer.json (or its directory), "
                         "or a .gguf model file")
@@ -69,7 +71,9 @@ def register(subparsers) -> None:
                     "llama-lookup-merge. The result does not depend on the order of the inputs.\n\n"
                     "example: ngram-spec merge a.bin b.bin -o merged.bin")
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="cache files")
-    p.add_argument("-o", "--output", required=True, metavar="OUTPUT", help="cache file to write")
+    p.add_argument("-o", "--output", required=True, metavar="OUTPUT",
+                   help="cache file to write; an existing file is replaced once the new one is complete (as "
+                        "llama.cpp's tools do; never one of the inputs)")
     add_format_arg(p)
     add_backend_arg(p)
     p.set_defaults(func=cmd_merge)
@@ -582,7 +586,7 @@ def warn_repeated_inputs(paths) -> None:
         seen.setdefault((st.st_dev, st.st_ino), []).append(str(path))
     for names in seen.values():
         if len(names) > 1:
-            print(f"warning: one file is given {len(names)} times ({', '.join(names)}): its counts are added "
+            print(f"ngram-spec merge: warning: one file is given {len(names)} times ({', '.join(names)}): its counts are added "
                   f"{len(names)} times (give each file once unless you mean to weight it)", file=sys.stderr)
 
 

@@ -109,7 +109,7 @@ def open_ours(path: str | os.PathLike, verify: bool = False) -> SortedCache:
     (crc,) = struct.unpack_from("<I", head, CRC_AT)
     if crc != zlib.crc32(head[:CRC_AT]) or header_size != HEADER_SIZE:
         raise CacheFormatError(path, CRC_AT, "header checksum mismatch (corrupt header)")
-    sections, totals = {}, {}
+    sections, totals, array_at = {}, {}, {}
     end = HEADER_SIZE
     for n in range(1, NGRAM_MAX + 1):
         at = PREFIX.size + (n - 1) * SECTION.size
@@ -119,6 +119,7 @@ def open_ours(path: str | os.PathLike, verify: bool = False) -> SortedCache:
         spans = ((k_off, K * kw, np.int64), (o_off, K + 1, np.uint32), (t_off, E, np.int32),
                  (c_off, E, np.int32), (top_off, K, np.int32))
         arrays = []
+        array_at[n] = dict(zip(("keys", "offsets", "tokens", "counts", "top"), (k_off, o_off, t_off, c_off, top_off)))
         for off, count, dtype in spans:
             nbytes = count * np.dtype(dtype).itemsize
             if off % ALIGN or off < HEADER_SIZE:
@@ -136,7 +137,7 @@ def open_ours(path: str | os.PathLike, verify: bool = False) -> SortedCache:
         raise CacheFormatError(path, end, f"{size - end} unexpected trailing bytes")
     cache = SortedCache(sections, vocab_size=vocab_size, fingerprint=fingerprint, source=str(path))
     if verify:
-        verify_cache(cache, path)
+        verify_cache(cache, path, array_at)
         for n, (total, at) in totals.items():   # the section table's total: the sum of the section's counts
             counted = int(sections[n].counts.sum(dtype=np.int64)) if n in sections else 0
             if total != counted:
@@ -145,31 +146,46 @@ def open_ours(path: str | os.PathLike, verify: bool = False) -> SortedCache:
     return cache
 
 
-def verify_cache(cache: SortedCache, path: str | os.PathLike = "<memory>") -> None:
+def verify_cache(cache: SortedCache, path: str | os.PathLike = "<memory>", at: dict | None = None) -> None:
     """Check every array of a cache: keys strictly increasing, offsets consistent, followers
-    strictly increasing per key, counts positive, ``top`` equal to the static-only rule."""
+    strictly increasing per key, counts positive, ``top`` equal to the static-only rule. ``at[n]``: the byte
+    offset of section n's arrays in the file (``keys``, ``offsets``, ``tokens``, ``counts``, ``top``), so an
+    error names the byte of the first bad element (0 when unknown)."""
     for n, s in cache.sections.items():
         where = f"section n={n}"
+
+        def fail(array: str, index, problem: str):
+            a = getattr(s, array)
+            byte = at[n][array] + int(index) * a.itemsize * (a.shape[1] if a.ndim == 2 else 1) if at else 0
+            raise CacheFormatError(path, byte, f"{where}: {problem}")
+
         off = s.offsets.astype(np.int64)
-        if off[0] != 0 or off[-1] != s.n_entries or np.any(np.diff(off) <= 0):
-            raise CacheFormatError(path, 0, f"{where}: offsets are not increasing from 0 to {s.n_entries}")
+        bad = np.flatnonzero(np.diff(off) <= 0)
+        if off[0] != 0 or bad.size or off[-1] != s.n_entries:
+            fail("offsets", 0 if off[0] != 0 else bad[0] + 1 if bad.size else len(off) - 1,
+                 f"offsets are not increasing from 0 to {s.n_entries}")
         k = s.keys if s.keys.ndim == 2 else s.keys[:, None]
         if len(k) > 1:
             d = k[1:] != k[:-1]
             first = np.argmax(d, axis=1)
             r = np.arange(len(first))
-            if not np.all(d.any(axis=1) & (k[1:][r, first] > k[:-1][r, first])):
-                raise CacheFormatError(path, 0, f"{where}: n-gram keys are not strictly increasing")
-        if np.any(s.tokens < 0) or np.any(s.counts <= 0):
-            raise CacheFormatError(path, 0, f"{where}: negative token or non-positive count")
+            bad = np.flatnonzero(~(d.any(axis=1) & (k[1:][r, first] > k[:-1][r, first])))
+            if bad.size:
+                fail("keys", bad[0] + 1, "n-gram keys are not strictly increasing")
+        for array, bad in (("tokens", s.tokens < 0), ("counts", s.counts <= 0)):
+            if np.any(bad):
+                fail(array, np.argmax(bad), "negative token or non-positive count")
         same_key = np.ones(s.n_entries, bool)
         same_key[off[:-1]] = False
-        if np.any(same_key[1:] & (s.tokens[1:] <= s.tokens[:-1])):
-            raise CacheFormatError(path, 0, f"{where}: followers are not strictly increasing")
-        if not np.array_equal(static_top(s.offsets, s.tokens, s.counts), s.top):
-            raise CacheFormatError(path, 0, f"{where}: stored static-only drafts disagree with the counts")
+        bad = np.flatnonzero(same_key[1:] & (s.tokens[1:] <= s.tokens[:-1]))
+        if bad.size:
+            fail("tokens", bad[0] + 1, "followers are not strictly increasing")
+        bad = np.flatnonzero(static_top(s.offsets, s.tokens, s.counts) != s.top)
+        if bad.size:
+            fail("top", bad[0], "stored static-only drafts disagree with the counts")
         if cache.vocab_size and s.n_entries and (int(s.tokens.max()) >= cache.vocab_size):
-            raise CacheFormatError(path, 0, f"{where}: token {int(s.tokens.max())} >= vocab size {cache.vocab_size}")
+            fail("tokens", np.argmax(s.tokens >= cache.vocab_size),
+                 f"token {int(s.tokens.max())} >= vocab size {cache.vocab_size}")
 
 
 # ----------------------------------------------------------------------------- llama.cpp's format

@@ -87,7 +87,7 @@ def test_create_merge_inspect(capsys, tmp_path):
     merged = tmp_path / "merged.bin"
     rc, _, err = run(capsys, "merge", static, V("edge-neg-dyn.bin"), static, "-o", merged)
     assert rc == 0, err
-    assert f"warning: one file is given 2 times ({static}, {static}): its counts are added 2 times" in err
+    assert f"ngram-spec merge: warning: one file is given 2 times ({static}, {static}): its counts are added 2 times" in err
     assert err.count("warning") == 1  # edge-neg-dyn.bin, given once, is not named
     m = load_cache(merged)
     assert m.total() == 2 * 99998 + 22

@@ -24,6 +24,7 @@ end before the signal).
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -166,7 +167,7 @@ KERNEL_CASES = {  # name: (signal, kernel wrapped (module, function), ngram-spec
     "create": (signal.SIGINT, ("mlx_backend.ngram.sorted_cache", "_unpack_2grams"),
                ["create", "TOKENS", "-o", "OUT"]),
     "merge": (signal.SIGINT, ("mlx_backend.ngram.sorted_cache", "_merge_rows"),
-              ["merge", "STATIC", "STATIC", "-o", "OUT"]),
+              ["merge", "STATIC", "STATIC_COPY", "-o", "OUT"]),  # a copy: one file twice is warned about
     "convert": (signal.SIGINT, ("mlx_backend.ngram.cache_file", "_scan_llama"),
                 ["convert", "STATIC", "-o", "OUT", "--to", "ours", "--force"]),
     "inspect": (signal.SIGINT, ("mlx_backend.ngram.cache_file", "_scan_llama"), ["inspect", "STATIC"]),
@@ -186,7 +187,9 @@ def test_a_signal_inside_a_compiled_kernel_ends_the_command_cleanly(tmp_path, in
     aux.mkdir()
     (aux / "child.py").write_text(CHILD)
     marker = aux / "in-kernel"
-    names = {"TOKENS": inputs["tokens"], "SHORT": inputs["short"], "STATIC": inputs["static"], "OUT": out_dir / "out"}
+    shutil.copy(inputs["static"], aux / "static-copy.bin")
+    names = {"TOKENS": inputs["tokens"], "SHORT": inputs["short"], "STATIC": inputs["static"],
+             "STATIC_COPY": aux / "static-copy.bin", "OUT": out_dir / "out"}
     argv = [names.get(a, a) for a in argv] + ["--backend", "mlx"]
     with start(argv, tmp_path, child=[aux / "child.py", module, function, marker]) as proc:
         wait_for(proc, marker.exists, f"called {function}")

@@ -142,6 +142,26 @@ def test_verify_finds_corrupt_arrays(ours_file):
         api.load_cache(ours_file, verify=True)
 
 
+@pytest.mark.parametrize("array, index, value, problem", [
+    ("counts", 1, -4, "negative token or non-positive count"),
+    ("tokens", 1, 3, "followers are not strictly increasing"),    # (1, 2) -> {3, 4} becomes {3, 3}
+    ("top", 0, 4, "stored static-only drafts disagree"),
+])
+def test_a_corrupt_array_is_reported_at_the_byte_of_its_first_bad_element(tmp_path, array, index, value, problem):
+    """The error names where the damage is: the byte of the first bad element, found from the section table.
+    Before, every such error said "at byte offset 0" (found by a probe: 64 bytes overwritten in the middle of
+    a 1.4 MB cache, reported at offset 0)."""
+    path = tmp_path / "c.ngc"
+    api.save_cache(api.build_static([1, 2, 3, 1, 2, 4, 1, 2, 3]), path, format="ours")
+    data = bytearray(path.read_bytes())
+    fields = struct.unpack_from("<8Q", data, sf.PREFIX.size + 1 * sf.SECTION.size)  # n = 2: (1, 2) -> {3: 2, 4: 1}
+    byte = fields[{"tokens": 5, "counts": 6, "top": 7}[array]] + 4 * index
+    data[byte:byte + 4] = struct.pack("<i", value)
+    path.write_bytes(bytes(data))
+    with pytest.raises(sf.CacheFormatError, match=f"section n=2: {problem}.* at byte offset {byte}$"):
+        sf.open_ours(path, verify=True)
+
+
 def test_header_crc_recomputed_section_overflow_is_caught(ours_file, load):
     """A section table pointing past the end (with a valid checksum) is reported as truncation."""
     data = bytearray(ours_file.read_bytes())
