@@ -9,10 +9,13 @@ import argparse
 import contextlib
 import errno
 import importlib
+import importlib.metadata
 import logging
 import os
 import signal
 import sys
+import tomllib
+from pathlib import Path
 
 from reference.atomic import interrupts_at_safe_points
 
@@ -36,6 +39,19 @@ class UserError(Exception):
     """Bad input from the user: printed as ``ngram-spec: error: ...`` with exit code 2, no traceback."""
 
 
+def package_version() -> str:
+    """The installed ngram-spec's version; run from a source tree that is not installed, pyproject.toml's, said so."""
+    try:
+        return importlib.metadata.version("ngram-spec")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    try:
+        with open(Path(__file__).resolve().parents[2] / "pyproject.toml", "rb") as f:
+            return f"{tomllib.load(f)['project']['version']} (source tree, not installed)"
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ngram-spec",
@@ -44,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
             "reference, and a fast MLX backend that speeds up mlx-lm generation with no draft model."
         ),
     )
+    parser.add_argument("-V", "--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
         try:

@@ -146,6 +146,13 @@ def _add_model_and_output_args(p) -> None:
                         "(tokens, EOS included, per step), prompt_tps, generation_tps")
 
 
+def check_drafter_caches(drafter: str | None, static: str | None, dynamic: str | None) -> None:
+    """Refuse --static / --dynamic with --drafter suffix, which would ignore them (generate, stats --requests)."""
+    if drafter == "suffix" and (static or dynamic):
+        raise UserError("--static and --dynamic are the lookup drafter's caches, unused by --drafter suffix: "
+                        "drop them, or use --drafter lookup or auto")
+
+
 def check_generate_args(args) -> None:
     """Refuse values with no meaning before any work, one line each (both backends)."""
     check_sampling(args.temp, args.top_p, args.min_p, args.top_k, args.min_tokens_to_keep, cli=True)
@@ -158,9 +165,7 @@ def check_generate_args(args) -> None:
             raise UserError(f"{flag} must be {rule}, got {value}")
     if args.drafter is not None and args.drafter not in DRAFTERS:
         raise UserError(f"--drafter must be one of {', '.join(DRAFTERS)}, got {args.drafter!r}")
-    if args.drafter == "suffix" and (args.static or args.dynamic):
-        raise UserError("--static and --dynamic are the lookup drafter's caches, unused by --drafter suffix: "
-                        "drop them, or use --drafter lookup or auto")
+    check_drafter_caches(args.drafter, args.static, args.dynamic)
     if args.no_spec:
         drafting = [flag for flag, value in (("--draft-max", args.draft_max), ("--static", args.static),
                                              ("--dynamic", args.dynamic), ("--drafter", args.drafter))

@@ -24,6 +24,7 @@ from pathlib import Path
 from reference.atomic import atomic_write, check_outputs
 from mlx_backend.machine.backends import BACKENDS, DEFAULT_HELP, get_backend
 from mlx_backend.cli import UserError
+from mlx_backend.cli.generate import check_drafter_caches
 from mlx_backend.cli.progress import add_option as add_progress_option, bar
 from mlx_backend.cli.prompts import check_unicode
 from reference.ngram.draft import SCORES
@@ -418,6 +419,7 @@ def check_request_args(args) -> None:
             raise UserError(f"{flag} applies to a token file only, not to --requests")
     if args.n_draft < 0:
         raise UserError(f"--draft-max must be >= 0, got {args.n_draft}")
+    check_drafter_caches(args.drafter, args.static, args.dynamic)
 
 
 GZIP_MAGIC, XZ_MAGIC = b"\x1f\x8b", b"\xfd7zXZ\x00"

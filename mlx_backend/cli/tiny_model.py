@@ -58,8 +58,11 @@ def check_out(out: str) -> None:
 
 
 def cmd_tiny_model(args) -> int:
+    from mlx_backend.cli import UserError
     from reference.models.tiny import write_tiny_model
 
+    if args.seed < 0:   # numpy's default_rng would say only "expected non-negative integer"
+        raise UserError(f"--seed must be >= 0, got {args.seed}")
     check_out(args.out)
     try:
         out = write_tiny_model(args.out, args.arch, seed=args.seed)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generator, Optional, Union
 
@@ -106,7 +107,10 @@ def check_prompt(prompt_ids: list[int], model: nn.Module) -> None:
 def run_drafter(drafter, draft_max, *, c_st=None, c_dyn=None, history=None):
     """The run's drafter: ``drafter`` itself if it is one, else the drafter it names (None: ``"auto"``) from
     :func:`mlx_backend.ngram.default.make_drafter` (None with ``draft_max=0``: nothing to draft). An unknown
-    name is a ``ValueError`` naming the choices."""
+    name is a ``ValueError`` naming the choices, and so is a cache the drafter would not read: ``c_st`` or
+    ``c_dyn`` (lookup's) with ``"suffix"``, ``history`` (suffix's) with ``"lookup"``, any of them with a
+    drafter object (it holds its own); ``"auto"`` reads all three."""
+    given = [name for name, value in (("c_st", c_st), ("c_dyn", c_dyn), ("history", history)) if value is not None]
     if drafter is not None and not isinstance(drafter, str):
         if isinstance(drafter, type):
             raise TypeError(f"drafter must be a drafter object, got the class {drafter.__name__}: make one, e.g. "
@@ -114,13 +118,27 @@ def run_drafter(drafter, draft_max, *, c_st=None, c_dyn=None, history=None):
         if not isinstance(drafter, Drafter):
             raise TypeError(f"drafter must be one of {', '.join(DRAFTERS)}, None (auto) or a Drafter (reset, draft, "
                             f"extend: reference/drafter.py), got {type(drafter).__name__}")
+        if given:
+            raise ValueError(f"{' and '.join(given)}: the caches of a drafter made by name, unused by the "
+                             f"{type(drafter).__name__} given: drop {_them(given)}, or give {_them(given)} to the "
+                             "drafter when you make it")
         return drafter
     from mlx_backend.ngram.default import make_drafter   # its tables' compiled loops load only when used
 
     name = DEFAULT_DRAFTER if drafter is None else drafter
     if name not in DRAFTERS:
         raise ValueError(f"unknown drafter {name!r}: choose one of {', '.join(DRAFTERS)}")
+    unused = [n for n in given if n in {"suffix": ("c_st", "c_dyn"), "lookup": ("history",)}.get(name, ())]
+    if unused:
+        whose, other = ("the lookup drafter's caches", "lookup") if name == "suffix" else ("the suffix drafter's "
+                                                                                            "history", "suffix")
+        raise ValueError(f"{' and '.join(unused)}: {whose}, unused by drafter={name!r}: drop {_them(unused)}, or "
+                         f"use drafter={other!r} or 'auto'")
     return None if draft_max == 0 else make_drafter(name, c_st=c_st, c_dyn=c_dyn, history=history)
+
+
+def _them(names: list[str]) -> str:
+    return "it" if len(names) == 1 else "them"
 
 
 def mlx_lm_draft_max(draft_max, num_draft_tokens=None, kv_bits=None, input_embeddings=None):
@@ -167,6 +185,10 @@ class _Run:
                 raise TypeError(f"{name} must be a whole number, got {value!r}")
         if prefill_step_size < 1:
             raise ValueError(f"prefill_step_size must be >= 1, got {prefill_step_size}")
+        if max_kv_size is not None and not is_whole(max_kv_size):
+            raise TypeError(f"max_kv_size must be a whole number or None (keep every position), got {max_kv_size!r}")
+        if max_kv_size is not None and max_kv_size < 1:   # the rule of generate's --max-kv-size
+            raise ValueError(f"max_kv_size must be at least 1 or None (keep every position), got {max_kv_size}")
         if stats is not None and not isinstance(stats, SpecStats):
             raise TypeError(f"stats must be a SpecStats (mlx_backend.decode.generate), got {type(stats).__name__}")
         if draft_policy is not None and not hasattr(draft_policy, "choose"):
@@ -376,12 +398,12 @@ def ngram_speculative_generate_step(
 
     ``draft_max``: drafts per step (``0``: plain decoding, any model; ``None``: the cost-aware policy of
     :mod:`mlx_backend.decode.draft_policy`). ``drafter``: a Drafter, or a name (lookup, suffix, auto:
-    :func:`run_drafter` over ``c_st`` / ``c_dyn`` / ``history``). A ``prompt_cache`` given holds the prompt and
-    every token yielded when the generator ends (exhausted, or closed by its consumer), as after ``generate_step``
-    (:meth:`_Run.finish`); else the run makes one (rotating with ``max_kv_size``). mlx-lm's other keywords:
-    every forward runs on ``stream``; the rest as :func:`mlx_lm_draft_max`. ``gdn_path`` forces a rollback path.
-    A prompt id outside the vocabulary is a ``ValueError`` at the first ``next``; drafts are cut before any such
-    id. Drafting and counting follow :mod:`reference.speculative` (:class:`_Run`).
+    :func:`run_drafter` over ``c_st`` / ``c_dyn`` / ``history``, an unread one refused). A ``prompt_cache`` given
+    holds the prompt and every token yielded when the generator ends (exhausted, or closed by its consumer), as after
+    ``generate_step`` (:meth:`_Run.finish`); else the run makes one (rotating with ``max_kv_size`` >= 1). mlx-lm's
+    other keywords: every forward runs on ``stream``; the rest as :func:`mlx_lm_draft_max`. ``gdn_path`` forces a
+    rollback path. A prompt id outside the vocabulary is a ``ValueError`` at the first ``next``; drafts are cut before
+    any such id. Drafting and counting follow :mod:`reference.speculative` (:class:`_Run`).
     """
     draft_max = mlx_lm_draft_max(draft_max, num_draft_tokens, kv_bits, input_embeddings)
     run = _Run(prompt, model, max_tokens=max_tokens, sampler=sampler, logits_processors=logits_processors,
@@ -425,8 +447,9 @@ def stream_generate(model: nn.Module, tokenizer, prompt, max_tokens: int = 256, 
     argument). ``kwargs`` go to :func:`ngram_speculative_generate_step` (``draft_max``, ``sampler``, ``stats``,
     ``max_kv_size``, ``prompt_progress_callback``, ...): every forward runs on ``stream``, ``num_draft_tokens`` is
     taken as ``draft_max``, and ``kv_bits`` or ``input_embeddings`` is a ``ValueError`` (:func:`mlx_lm_draft_max`),
-    as is a ``draft_model``: the drafts come from the text. Stops at the tokenizer's EOS tokens like mlx-lm (the
-    EOS token is not yielded as text).
+    as is a ``draft_model``: the drafts come from the text. A ``tokenizer`` that is none (no ``encode`` /
+    ``decode``) or a ``prompt`` that is neither text nor token ids is a ``TypeError``. Stops at the tokenizer's EOS
+    tokens like mlx-lm (the EOS token is not yielded as text).
     """
     if max_tokens == 0:
         raise ValueError("max_tokens must be non-zero (use -1 for no limit)")
@@ -435,7 +458,13 @@ def stream_generate(model: nn.Module, tokenizer, prompt, max_tokens: int = 256, 
                          "itself, not from a draft model; drop it (draft_max sets the draft length; max_kv_size and "
                          "the rest go by name)")
     if not isinstance(tokenizer, TokenizerWrapper):
+        if not (hasattr(tokenizer, "encode") and hasattr(tokenizer, "decode")):
+            raise TypeError(f"tokenizer must be mlx-lm's TokenizerWrapper or a Hugging Face tokenizer (the second "
+                            f"value of mlx_backend.load or mlx_lm.load), got {type(tokenizer).__name__}")
         tokenizer = TokenizerWrapper(tokenizer)
+    if not isinstance(prompt, (str, mx.array, Iterable)):
+        raise TypeError(f"the prompt must be text, an mx.array or a sequence of integer token ids, got "
+                        f"{type(prompt).__name__}")
     if not isinstance(prompt, mx.array):
         if isinstance(prompt, str):
             add_special = tokenizer.bos_token is None or not prompt.startswith(tokenizer.bos_token)

@@ -33,3 +33,27 @@ def test_mlx_only_commands_refuse_the_reference_in_one_line(command, capsys):
         build_parser().parse_args([command, "--backend", "reference"])
     assert exc.value.code == 2
     assert "invalid choice: 'reference'" in capsys.readouterr().err
+
+
+def test_version_prints_the_package_version(capsys, monkeypatch):
+    """``--version`` / ``-V``: the installed package's version; from a source tree not installed, pyproject.toml's,
+    said so (before: "error: the following arguments are required: COMMAND", exit 2)."""
+    import importlib.metadata
+    import tomllib
+    from pathlib import Path
+
+    from mlx_backend.cli import main
+
+    installed = importlib.metadata.version("ngram-spec")
+    for flag in ("--version", "-V"):
+        with pytest.raises(SystemExit) as exc:
+            main([flag])
+        assert exc.value.code == 0 and capsys.readouterr().out == f"ngram-spec {installed}\n"
+
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    source = tomllib.loads((Path(__file__).resolve().parents[3] / "pyproject.toml").read_text())["project"]["version"]
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out == f"ngram-spec {source} (source tree, not installed)\n"

@@ -214,6 +214,27 @@ def test_the_committed_edit_traces():
         assert len(r["output"]) <= 12000
 
 
+def test_suffix_refuses_the_lookup_caches_as_generate_does(capsys, tmp_path):
+    """--drafter suffix reads neither --static nor --dynamic: one line, generate's (before: loaded, never read,
+    exit 0)."""
+    import numpy as np
+
+    np.array([1, 2, 3] * 200, dtype="<i4").tofile(tmp_path / "corpus.i32")
+    st = tmp_path / "st.bin"
+    rc, _, err = run(capsys, "create", tmp_path / "corpus.i32", "-o", st, "--backend", "reference")
+    assert rc == 0, err
+    f = write_requests(tmp_path / "r.jsonl", HAND)
+    rc, _, err = run(capsys, "generate", "--backend", "reference", "--drafter", "suffix", "--static", st)
+    generate_says = err.split("error: ", 1)[1]
+    assert generate_says.startswith("--static and --dynamic are the lookup drafter's caches, unused by --drafter suffix")
+    for caches in (["--static", st], ["--dynamic", st], ["--static", st, "--dynamic", st]):
+        rc, out, err = run(capsys, "stats", "--no-progress", "--requests", f, "--drafter", "suffix", *caches,
+                           "--backend", "reference")
+        assert (rc, out, err) == (2, "", "ngram-spec stats: error: " + generate_says), caches
+    assert stats_json(capsys, "--requests", f, "--drafter", "auto", "--static", st, "--dynamic", st,
+                      "--backend", "reference")["requests"] == 1   # auto reads both
+
+
 @pytest.mark.parametrize("backend", ["reference", pytest.param("mlx", marks=pytest.mark.skipif(
     not HAVE_FAST, reason="needs mlx and numba"))])
 def test_lookup_reads_a_static_cache(capsys, tmp_path, backend):

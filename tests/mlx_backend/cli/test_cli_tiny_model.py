@@ -40,3 +40,10 @@ def test_an_earlier_tiny_model_or_an_empty_folder_is_written(tmp_path, capsys):
     assert main(["tiny-model", "--arch", "qwen3_next", "--seed", "2", "--out", str(out)]) == 0
     assert set(_snapshot(out)) == set(first) and _snapshot(out) != first
     assert json.loads((out / "config.json").read_text())["model_type"] == "qwen3_next"
+
+
+def test_a_negative_seed_is_named_with_its_flag(tmp_path, capsys):
+    """(before: "ngram-spec tiny-model: error: expected non-negative integer", numpy's words, naming no flag)"""
+    assert main(["tiny-model", "--arch", "llama", "--seed", "-1", "--out", str(tmp_path / "m")]) == 2
+    assert capsys.readouterr().err == "ngram-spec tiny-model: error: --seed must be >= 0, got -1\n"
+    assert not (tmp_path / "m").exists()

@@ -3,6 +3,8 @@ or a Drafter object, and ``history=`` (a SuffixHistory) for suffix and auto: pla
 the history is drafted from; an unknown name is a ValueError naming the choices."""
 from __future__ import annotations
 
+import re
+
 import mlx.core as mx
 import pytest
 from mlx_lm.generate import generate_step
@@ -60,8 +62,8 @@ def test_a_history_holding_the_answer_is_drafted_from(qwen):
         with_history, s1 = spec(model, drafter=name, history=history)
         assert without == with_history == plain
         assert s1.n_accept > s0.n_accept + 10, (name, s0, s1)
-    lookup, s2 = spec(model, drafter="lookup", history=history)   # lookup has no use for it
-    assert lookup == plain and s2.n_accept == spec(model, drafter="lookup")[1].n_accept
+    with pytest.raises(ValueError, match="history: the suffix drafter's history, unused by drafter='lookup'"):
+        spec(model, drafter="lookup", history=history)   # lookup has no use for it (before: taken, ignored)
 
 
 def test_stream_generate_takes_a_drafter_name(qwen):
@@ -85,6 +87,32 @@ def test_a_drafter_object_is_used_as_given_and_an_unknown_name_is_refused(qwen):
             spec(model, drafter=bad)
     with pytest.raises(ValueError, match="choose one of lookup, suffix, auto"):
         run_drafter("x", 0)
+
+
+def test_a_cache_the_drafter_would_not_read_is_refused(qwen):
+    """Each of c_st / c_dyn (the lookup drafter's) and history (the suffix drafter's) given to a drafter that does
+    not read it is a ValueError naming it and the way out, as generate's --drafter suffix --static is; auto reads
+    all three. Before: drafter="suffix" with c_st (even a missing file), "lookup" with a history, and a drafter
+    object with any of them ran, ignoring them."""
+    model, plain, tokenizer = qwen
+    history = suffix_api().SuffixHistory(1000)
+    lookup_caches = "the lookup drafter's caches, unused by drafter='suffix': drop {}, or use drafter='lookup' or 'auto'"
+    cases = [({"drafter": "suffix", "c_st": "/nope.bin"}, "c_st: " + lookup_caches.format("it")),
+             ({"drafter": "suffix", "c_dyn": "/nope.bin"}, "c_dyn: " + lookup_caches.format("it")),
+             ({"drafter": "suffix", "c_st": "/nope.bin", "c_dyn": "/nope.bin"},
+              "c_st and c_dyn: " + lookup_caches.format("them")),
+             ({"drafter": "lookup", "history": history}, "history: the suffix drafter's history, unused by "
+                                                         "drafter='lookup': drop it, or use drafter='suffix' or 'auto'"),
+             ({"drafter": suffix_api().SuffixDrafter(), "history": history},
+              "history: the caches of a drafter made by name, unused by the SuffixDrafter given: drop it, or give it "
+              "to the drafter when you make it"),
+             ({"drafter": NgramDrafter(), "c_st": "/nope.bin"}, "c_st: the caches of a drafter made by name")]
+    for kwargs, message in cases:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            spec(model, **kwargs)
+        with pytest.raises(ValueError, match=re.escape(message)):
+            next(stream_generate(model, tokenizer, mx.array(PROMPT), max_tokens=N, **kwargs))
+    assert spec(model, drafter="auto", history=history)[0] == plain   # auto reads all three
 
 
 def test_arguments_of_the_wrong_type_are_named(qwen):

@@ -99,6 +99,27 @@ def test_stream_generate_wires_the_model_as_mlx_lm_does_on_metal(tmp_root, monke
     assert limits == [1 << 40, 7] and ours[0] == [1 << 40]                     # set while generating, then restored
 
 
+def test_stream_generate_refuses_at_its_boundary_what_it_cannot_run(tmp_root):
+    """max_kv_size 0 or -1 is refused by generate's --max-kv-size rule (before: taken silently, no window at all);
+    no tokenizer or no prompt is a TypeError naming it (before: AttributeError 'NoneType' object has no attribute
+    'decode' from inside mlx-lm, and mlx's raw 'incompatible function arguments')."""
+    model, tokenizer = loaded("llama", tmp_root)
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match=f"max_kv_size must be at least 1 or None \\(keep every position\\), "
+                                             f"got {bad}"):
+            next(stream_generate(model, tokenizer, "abcab", 4, max_kv_size=bad))
+    with pytest.raises(TypeError, match="max_kv_size must be a whole number or None"):
+        next(stream_generate(model, tokenizer, "abcab", 4, max_kv_size=8.5))
+    with pytest.raises(TypeError, match="tokenizer must be mlx-lm's TokenizerWrapper or a Hugging Face tokenizer .* "
+                                        "got NoneType"):
+        next(stream_generate(model, None, "abcab", 4))
+    for prompt in (None, 3.5):
+        with pytest.raises(TypeError, match="the prompt must be text, an mx.array or a sequence of integer token ids, "
+                                            f"got {type(prompt).__name__}"):
+            next(stream_generate(model, tokenizer, prompt, 4))
+    assert list(stream_generate(model, tokenizer, "abcab", 4, max_kv_size=8))[-1].finish_reason   # at least 1: runs
+
+
 def test_stream_generate_takes_mlx_lm_s_arguments_in_mlx_lm_s_places(tmp_root, monkeypatch):
     """mlx-lm's places: (model, tokenizer, prompt, max_tokens, draft_model, stream). A draft model passed fifth is
     refused as by name (it was read as max_kv_size and dropped: a run the caller did not ask for), and a stream

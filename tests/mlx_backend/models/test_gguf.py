@@ -145,6 +145,27 @@ def test_unreadable_file_is_a_clear_error(tmp_path):
         gguf.load_gguf_model(path, dtype="int8")
 
 
+def test_the_public_load_takes_an_mlx_lm_directory_as_model_does(tmp_path):
+    """``mlx_backend.load`` (mlx_lm.load's place) reads what ``--model`` reads: an mlx-lm directory too, loaded as
+    stored or cast to ``dtype`` (before: FileNotFoundError "GGUF file not found: DIR" for a directory that exists)."""
+    import mlx_backend
+    import mlx_lm
+    from reference.models.tiny import write_tiny_model
+
+    path = write_tiny_model(tmp_path / "tiny", "llama", seed=2)
+    model, tokenizer = mlx_backend.load(path)
+    expected, _ = mlx_lm.load(str(path))
+    np.testing.assert_array_equal(logits(model, TOKENS), logits(expected, TOKENS))
+    assert tokenizer.encode("abc", add_special_tokens=False) == [97, 98, 99]
+    half, _ = mlx_backend.load(str(path), dtype="float16")
+    assert half.model.embed_tokens.weight.dtype == mx.float16
+    with pytest.raises(ValueError, match="dtype quantized: .* is not quantized and mlx-lm loads it as stored; drop "
+                                         "dtype"):
+        mlx_backend.load(path, dtype="quantized")
+    with pytest.raises(FileNotFoundError, match="GGUF file not found"):
+        mlx_backend.load(tmp_path / "missing.gguf")
+
+
 def test_missing_default_model_says_how_to_install(monkeypatch):
     from mlx_backend.models import gguf_file
 
