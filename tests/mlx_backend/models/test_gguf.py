@@ -1,6 +1,8 @@
 """GGUF loading into mlx-lm's llama: llama.cpp's q/k row permutation, names, dtypes, errors, SmolLM2."""
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -143,6 +145,38 @@ def test_unreadable_file_is_a_clear_error(tmp_path):
         gguf.load_gguf_model(tmp_path / "missing.gguf")
     with pytest.raises(ValueError, match="unknown dtype 'int8'"):
         gguf.load_gguf_model(path, dtype="int8")
+
+
+def _one_tensor_gguf(ggml_type: int, data_bytes: int) -> bytes:
+    """A GGUF file written by hand from the format (ggml/docs/gguf.md): one 32-element tensor of ``ggml_type``."""
+    def string(b):
+        return struct.pack("<Q", len(b)) + b
+    head = b"GGUF" + struct.pack("<IQQ", 3, 1, 1) + string(b"general.architecture") + struct.pack("<I", 8)
+    head += string(b"llama") + string(b"t") + struct.pack("<IQIQ", 1, 32, ggml_type, 0)
+    return head + b"\0" * (-len(head) % 32) + b"\0" * data_bytes
+
+
+def test_an_unreadable_gguf_file_is_named_for_what_it_is(tmp_path):
+    """mlx's error, then why and the fix, read from the file's own header. Before, every unreadable file (a
+    download cut short, a text file) got the advice to re-quantize the model."""
+    whole = tmp_path / "whole.gguf"
+    write_llama_cpp_gguf(tiny_llama(), whole)
+    data = whole.read_bytes()
+    gguf.load_gguf_model(whole)  # the uncut file loads
+    cases = {"header": (data[:200], r"the file is truncated \(its header ends past its end, 200 bytes\).*download it again"),
+             "data": (data[:-100], r"the file is truncated \(its tensor data \(" + f"{len(data):,}" + " bytes\\) ends past its end"),
+             "text": (b"hello\n", "it is not a GGUF file .* pass a .gguf model file"),
+             "empty": (b"", "it is not a GGUF file"),
+             "q5_0": (_one_tensor_gguf(6, 22), r"tensor t has ggml type Q5_0 \(6\), which mlx does not read; re-quantize")}
+    for name, (content, why) in cases.items():
+        path = tmp_path / f"{name}.gguf"
+        path.write_bytes(content)
+        with pytest.raises(gguf.GGUFError, match=f"{name}.gguf: mlx cannot read this GGUF file .*: {why}"):
+            gguf.load_gguf_model(path)
+        if name != "q5_0":
+            with pytest.raises(gguf.GGUFError) as err:
+                gguf.load_gguf_model(path)
+            assert "re-quantize" not in str(err.value)
 
 
 def test_the_public_load_takes_an_mlx_lm_directory_as_model_does(tmp_path):
