@@ -477,7 +477,10 @@ def read_request_lines(path: str) -> list[tuple[int, dict]]:
 
 
 def resolve_tokenizer(model: str | None):
-    """``(tokenizer, vocab_size)`` of ``--model`` (default: the bundled SmolLM2 GGUF)."""
+    """``(tokenizer, vocab_size)`` of ``--model`` (default: the bundled SmolLM2 GGUF). The size is the model's
+    where a model directory states it (``config.json``'s ``vocab_size``, or its ``text_config``'s) and it is
+    larger than the tokenizer's, as ``generate`` checks a prompt against the model (ids a model can emit that
+    its tokenizer does not name, e.g. padding rows, are in a transcript it produced)."""
     if model is None:
         try:
             from mlx_backend.models.gguf_file import default_model_path
@@ -491,7 +494,20 @@ def resolve_tokenizer(model: str | None):
         raise UserError(f"--model {model}: no such file or directory")
     tokenizer = load_tokenizer(model)
     size = tokenizer.get_vocab_size() if hasattr(tokenizer, "get_vocab_size") else len(tokenizer.get_vocab())
-    return tokenizer, size
+    return tokenizer, max(size, config_vocab_size(Path(model)))
+
+
+def config_vocab_size(model: Path) -> int:
+    """The ``vocab_size`` an mlx-lm model directory's ``config.json`` states (top level or ``text_config``), 0
+    where there is none to read."""
+    try:
+        config = json.loads((model / "config.json").read_text())
+    except (OSError, ValueError):
+        return 0
+    for where in (config, config.get("text_config") if isinstance(config, dict) else None):
+        if isinstance(where, dict) and isinstance(where.get("vocab_size"), int):
+            return where["vocab_size"]
+    return 0
 
 
 def tokenize_requests(path: str, rows, model: str | None) -> tuple[list[tuple[list[int], list[int]]], int | None]:

@@ -118,6 +118,22 @@ def test_ids_outside_the_models_vocabulary_are_refused(capsys, tmp_path):
     assert rc == 2 and ":1: 'output' holds token id 1000000, outside 0..49151" in err and out == ""
 
 
+def test_ids_are_checked_against_the_models_vocabulary_as_generate_checks_them(capsys, tmp_path):
+    """A model directory's vocabulary is its config's ``vocab_size`` when that is larger than the tokenizer's
+    (the tiny llama: 260 rows, a tokenizer of 259 names), as ``generate`` checks a prompt: an id the model can emit
+    is replayed. Before, 259 was refused as "outside 0..258" while ``generate`` took it."""
+    model = tmp_path / "tiny"
+    assert main(["tiny-model", "--arch", "llama", "--seed", "2", "--out", str(model)]) == 0
+    capsys.readouterr()
+    config = json.loads((model / "config.json").read_text())
+    assert config["vocab_size"] == 260
+    ok = write_requests(tmp_path / "ok.jsonl", [{"prompt": [1, 2, 3], "output": [259, 5]}])
+    assert stats_json(capsys, "--requests", ok, "--model", model, "--backend", "reference")["output_tokens"] == 2
+    bad = write_requests(tmp_path / "bad.jsonl", [{"prompt": [1, 2, 3], "output": [260]}])
+    rc, out, err = run(capsys, "stats", "--requests", bad, "--model", model, "--backend", "reference")
+    assert rc == 2 and ":1: 'output' holds token id 260, outside 0..259" in err and out == ""
+
+
 @pytest.mark.parametrize("line, message", [
     ('{"prompt": [1, 2], "output": [3]', ":2: not valid JSON"),
     ('[1, 2]', ":2: a request must be a JSON object"),
