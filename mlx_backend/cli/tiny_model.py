@@ -69,7 +69,6 @@ def cmd_tiny_model(args) -> int:
     except Exception as exc:
         if not _write_failure(exc):
             raise
-        from mlx_backend.cli import UserError
         raise UserError(f"--out {args.out}: cannot write the model ({exc}); nothing of it was kept") from None
     config = json.loads((out / "config.json").read_text())
     print(f"wrote a tiny {args.arch} model (seed {args.seed}, {config['num_hidden_layers']} layers, "

