@@ -143,8 +143,18 @@ def _prog(command: str | None) -> str:
     return f"ngram-spec {command}" if command else "ngram-spec"
 
 
+def _whole_lines_on_stderr() -> None:
+    """A rank of ``mlx.launch`` writes each stderr line in one piece. The launcher relays each rank's output in
+    the pieces the rank wrote, and under ``PYTHONUNBUFFERED=1`` (or ``python -u``) a ``print`` writes its text and
+    its newline apart: another rank's line could land between them, two error lines then read as one. Line
+    buffering (Python's own default for stderr) writes the text and its newline together."""
+    if "MLX_RANK" in os.environ and hasattr(sys.stderr, "reconfigure"):
+        sys.stderr.reconfigure(line_buffering=True, write_through=False)
+
+
 def main(argv: list[str] | None = None) -> int:
     command = None
+    _whole_lines_on_stderr()
     try:
         with interrupts_at_safe_points():  # Ctrl-C never raises inside numba's callbacks (reference.atomic)
             parser = build_parser()

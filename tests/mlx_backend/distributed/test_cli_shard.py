@@ -46,3 +46,31 @@ def test_prompt_from_stdin_with_shard_is_refused(model, capsys, monkeypatch):
         "ngram-spec generate: error: --prompt - with --shard would wait forever: mlx.launch never closes the "
         "ranks' stdin; give the text as --prompt \"$(cat FILE)\" or the token ids as --prompt-tokens FILE"]
     assert sys.stdin.read() == "abc abc"   # refused before reading it
+
+
+class _Writes(io.RawIOBase):
+    """A raw stream that keeps each write it is given, as the pipe to ``mlx.launch`` would receive them."""
+
+    def __init__(self):
+        self.writes: list[bytes] = []
+
+    def writable(self):
+        return True
+
+    def write(self, b):
+        self.writes.append(bytes(b))
+        return len(b)
+
+
+def test_a_ranks_error_line_is_written_in_one_piece(model, monkeypatch):
+    """A rank under ``PYTHONUNBUFFERED=1`` (stderr's text written through at once): the error line and its newline
+    reach the pipe in one write, so the launcher cannot put the other rank's line between them. Before: two
+    writes, the text and then the newline."""
+    raw = _Writes()
+    monkeypatch.setattr(sys, "stderr", io.TextIOWrapper(raw, encoding="utf-8", write_through=True))
+    monkeypatch.setenv("MLX_RANK", "1")
+    assert main(["generate", "--model", str(model), "--shard", "tensor", "--prompt", "x"]) == 2  # a process alone
+    sys.stderr.flush()
+    assert len(raw.writes) == 1, raw.writes
+    assert raw.writes[0].startswith(b"ngram-spec generate: error: --shard splits the model over the ranks")
+    assert raw.writes[0].count(b"\n") == 1 and raw.writes[0].endswith(b"\n"), raw.writes

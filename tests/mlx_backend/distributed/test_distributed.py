@@ -55,7 +55,10 @@ def launch(args: list[str], tmp_path: Path, timeout: int = LAUNCH_TIMEOUT, check
     """``mlx.launch --verbose -n 2 --backend ring -- <python> args`` from the repository root, with this
     interpreter's ``mlx.launch`` (:func:`mlx_backend.distributed.sharded.mlx_launch`). ``check``: fail unless
     every rank exited with status 0 (``mlx.launch`` itself exits 0 either way). A timeout (or an exception) kills
-    the ranks too, not the launcher alone (:func:`child_processes.run`)."""
+    the ranks too, not the launcher alone (:func:`child_processes.run`). The launcher relays each rank's output
+    in the pieces the rank wrote, so a rank's script writes each line whole (``sys.stdout.write(line + "\\n")``):
+    under ``PYTHONUNBUFFERED=1`` a ``print`` writes its arguments, spaces and newline apart, and the other
+    rank's line can land between them (seen in CI: "rankrank 1 refused: ...")."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = child_processes.run([mlx_launch(), "--verbose", "-n", "2", "--backend", "ring", "--starting-port",
                                 str(_free_port_pair()), "--", sys.executable, *args],
@@ -232,6 +235,7 @@ def test_a_split_with_replayed_layers_on_some_ranks_only_is_refused(tmp_path):
     """Rank 1 holding Mamba layers and rank 0 none (as a pipeline split can): rank 1's full replay would re-run
     the model alone and wait forever for rank 0. Refused on both ranks, before any forward, naming the fix."""
     script = textwrap.dedent("""
+        import sys
         import mlx.core as mx
         from mlx_backend.distributed.sharded import ShardError, ShardedRun
         from mlx_backend.models.compat import build
@@ -239,9 +243,9 @@ def test_a_split_with_replayed_layers_on_some_ranks_only_is_refused(tmp_path):
         model = build("llama" if run.rank == 0 else "mamba", seed=1)
         try:
             run.agree_rollback(model)
-            print("rank", run.rank, "agreed", flush=True)
+            sys.stdout.write(f"rank {run.rank} agreed\\n")
         except ShardError as exc:
-            print("rank", run.rank, "refused:", exc, flush=True)
+            sys.stdout.write(f"rank {run.rank} refused: {exc}\\n")
         run.close()
     """)
     proc = launch(["-c", script], tmp_path, timeout=300)
@@ -351,15 +355,16 @@ def test_ranks_with_different_cache_files_are_stopped(tmp_path):
     for rank in (0, 1):
         (tmp_path / f"static-{rank}.bin").write_bytes(bytes([rank]) * 16)
     script = textwrap.dedent(f"""
+        import sys
         from pathlib import Path
         import mlx.core as mx
         from mlx_backend.distributed.sharded import RankDivergence, check_same
         group = mx.distributed.init()
         try:
             check_same("the n-gram cache files", [Path({str(tmp_path)!r}) / f"static-{{group.rank()}}.bin"], group)
-            print("rank", group.rank(), "agreed", flush=True)
+            sys.stdout.write(f"rank {{group.rank()}} agreed\\n")
         except RankDivergence as exc:
-            print("rank", group.rank(), "refused:", exc, flush=True)
+            sys.stdout.write(f"rank {{group.rank()}} refused: {{exc}}\\n")
     """)
     proc = launch(["-c", script], tmp_path, timeout=300)
     for rank in (0, 1):
