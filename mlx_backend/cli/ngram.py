@@ -28,7 +28,7 @@ from mlx_backend.cli.generate import check_drafter_caches
 from mlx_backend.cli.progress import add_option as add_progress_option, bar
 from mlx_backend.cli.prompts import check_unicode
 from reference.ngram.draft import SCORES
-from reference.ngram.ours_file import tokenizer_fingerprint
+from reference.ngram.ours_file import check_file_tokenizer, tokenizer_fingerprint
 from reference.ngram.replay import check_replay_args
 from reference.ngram.tokens import read_bytes, write_tokens_into
 from reference.suffix.auto import DEFAULT_DRAFTER, DRAFTERS
@@ -510,9 +510,10 @@ def config_vocab_size(model: Path) -> int:
     return 0
 
 
-def tokenize_requests(path: str, rows, model: str | None) -> tuple[list[tuple[list[int], list[int]]], int | None]:
+def tokenize_requests(path: str, rows, model: str | None) -> tuple[list[tuple[list[int], list[int]]], object, int | None]:
     """Token ids of every request (text through the tokenizer, as is), checked against the vocabulary
-    when one is known (``--model`` given, or text in the file)."""
+    when one is known (``--model`` given, or text in the file); with the tokenizer and the vocabulary size
+    (None, None where neither is known)."""
     need = model is not None or any(isinstance(obj[k], str) for _, obj in rows for k in KEYS)
     tokenizer, vocab = resolve_tokenizer(model) if need else (None, None)
     requests = []
@@ -529,7 +530,7 @@ def tokenize_requests(path: str, rows, model: str | None) -> tuple[list[tuple[li
                 raise UserError(f"{path}:{number}: {key!r} holds token id {bad}, outside {rule}")
             pair.append(list(ids))
         requests.append(tuple(pair))
-    return requests, vocab
+    return requests, tokenizer, vocab
 
 
 def request_drafters(backend, name: str, c_st, c_dyn, score: str):
@@ -554,7 +555,8 @@ def cmd_stats_requests(args) -> int:
     args.drafter = args.drafter or DEFAULT_DRAFTER   # generate's and serve's default: what they would do
     backend = get_backend(args.backend)
     rows = read_request_lines(args.requests)
-    requests, vocab = tokenize_requests(args.requests, rows, args.model)
+    requests, tokenizer, vocab = tokenize_requests(args.requests, rows, args.model)
+    check_file_tokenizer(tokenizer, args.static, args.dynamic)   # as generate checks them (headers only)
     c_st = load_cache_file(backend, args.static, "static") if args.static else None
     c_dyn = load_cache_file(backend, args.dynamic, "dynamic") if args.dynamic else None
     if c_st is not None:

@@ -276,3 +276,30 @@ def test_accept_is_the_share_of_drafted_tokens_accepted(capsys, tmp_path):
     assert (s["verify_steps"], s["drafted"], s["accepted"]) == (6, 4, 3)
     assert s["accept"] == pytest.approx(75.0)
     assert s["tokens_per_step"] == pytest.approx(9 / 6)
+
+
+def test_a_cache_of_another_tokenizer_is_refused_as_generate_refuses_it(capsys, tmp_path):
+    """A static cache that records the tokenizer it was built with (``create --tokenizer --format ours``) and a replay tokenized
+    with another one: refused, naming the file (before: replayed, drafts of ids that meant other words)."""
+    tokenizers = pytest.importorskip("tokenizers")
+
+    def tokenizer_dir(name, words):
+        tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+        tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+        (tmp_path / name).mkdir()
+        tok.save(str(tmp_path / name / "tokenizer.json"))
+        return tmp_path / name
+
+    built_with = tokenizer_dir("a", ["[UNK]", "the", "cat", "sat", "on", "mat"])
+    other = tokenizer_dir("b", ["[UNK]", "mat", "on", "sat", "cat", "the", "dog"])
+    (tmp_path / "corpus.txt").write_text("the cat sat on the mat " * 20)
+    st = tmp_path / "st.bin"
+    rc, _, err = run(capsys, "create", tmp_path / "corpus.txt", "--tokenizer", built_with, "-o", st, "--format", "ours")
+    assert rc == 0, err
+    f = write_requests(tmp_path / "r.jsonl", [{"prompt": "the cat sat on the mat", "output": "the cat sat on the mat"}])
+    args = ["--requests", f, "--drafter", "lookup", "--static", st, "--backend", "reference"]
+    assert stats_json(capsys, *args, "--model", built_with)["output_tokens"] == 6
+    rc, out, err = run(capsys, "stats", "--no-progress", *args, "--model", other)
+    assert (rc, out) == (2, ""), err
+    assert err == (f"ngram-spec stats: error: cache file {st}: built for a vocabulary of 6 tokens, the tokenizer in "
+                   "use has 7: rebuild the cache with this tokenizer\n")
