@@ -713,6 +713,34 @@ def test_a_signal_put_off_in_a_del_is_pending_until_taken_once(monkeypatch):
         signal.signal(signal.SIGUSR1, previous)
 
 
+def test_a_ctrl_c_landing_in_a_garbage_collectors_callback_is_delivered_again():
+    """A Ctrl-C whose handler runs inside a ``gc.callbacks`` callback (hypothesis registers one to time its
+    collections) is put off and raised once the callback has returned. Before: raised inside the callback,
+    printed as "Exception ignored" and dropped, and the command ran on to its end (``conformance`` interrupted
+    at 3 s printed PASSED and exited 0)."""
+    import gc
+
+    from reference.atomic import interrupts_at_safe_points
+
+    calls = []
+
+    def callback(phase, info):
+        if phase == "start" and not calls:
+            calls.append(phase)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.1)   # the handler runs here, inside the collector's callback
+
+    gc.callbacks.append(callback)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with interrupts_at_safe_points():
+                gc.collect()
+                time.sleep(2)   # the signal, put off, lands here
+    finally:
+        gc.callbacks.remove(callback)
+    assert calls == ["start"]
+
+
 def test_a_temporary_left_by_a_killed_writer_is_removed_by_a_later_write(tmp_path, monkeypatch):
     """SIGKILL (the OOM killer) cannot be caught: its writer's temporary stays. The next complete write of the
     same file removes it once ``STALE_S`` old, and leaves a live writer's, a fresh one and others' files.
