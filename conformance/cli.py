@@ -5,6 +5,7 @@ import argparse
 import contextlib
 import fnmatch
 import json
+import os
 import sys
 import tempfile
 import textwrap
@@ -101,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(progress_line(result), flush=True)
 
-    with _hypothesis_files_elsewhere():
+    with _hypothesis_files_elsewhere(), _no_converted_copies():
         report = run_suite(backend, checks, options, on_result=finished, on_start=starting)
     rerun = (f"python -m conformance --backend {backend.name}" + (" --thorough" if args.thorough else "")
              + (f" --examples {args.examples}" if args.examples else ""))
@@ -126,6 +127,19 @@ def _hypothesis_files_elsewhere():
             yield
         finally:
             configuration.set_hypothesis_home_dir(before)
+
+
+@contextlib.contextmanager
+def _no_converted_copies():
+    """No copy in our format of the llama.cpp-format files the checks load (mlx_backend.ngram.converted_copy):
+    they are the suite's temporary files, deleted after each check. Before: each run left ~180 copies of
+    them in the user's cache folder (``converted/``) and printed a line for each."""
+    from unittest import mock
+
+    from mlx_backend.ngram.converted_copy import ENV_OFF
+
+    with mock.patch.dict(os.environ, {ENV_OFF: "1"}):
+        yield
 
 
 def _list(checks) -> int:

@@ -52,6 +52,18 @@ def package_version() -> str:
         return "unknown (not installed)"
 
 
+class _CommandParser(argparse.ArgumentParser):
+    """A subcommand's parser: an unknown argument is its error (``ngram-spec inspect: error: unrecognized
+    arguments: ...`` under its usage). argparse's own passes a subcommand's unknown arguments up to the top
+    parser, which named no command (``ngram-spec: error: ...``) and showed only the top usage."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ngram-spec",
@@ -61,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument("-V", "--version", action="version", version=f"%(prog)s {package_version()}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_CommandParser)
     for name in COMMAND_MODULES:
         try:
             module = importlib.import_module(name)

@@ -55,7 +55,7 @@ def run_convert(args: argparse.Namespace) -> int:
         from mlx_backend.ngram.cache_file import check_tokenizer
         from mlx_backend.ngram.caches import load_cache
 
-        cache = load_cache(args.input, verify=True)
+        cache = load_cache(args.input, verify=True, keep_copy=False)   # the output is the one copy asked for
         if args.vocab_size:
             check_tokenizer(cache, args.input, args.vocab_size, None)
             top = max((int(s.tokens.max()) for s in cache.sections.values() if s.n_entries), default=-1)

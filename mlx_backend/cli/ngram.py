@@ -220,11 +220,14 @@ def backend_name(backend) -> str:
 
 
 def check_input_file(path: str, what: str = "") -> None:
-    """A user-given input path must be a file: say "is a directory" or "no such file" (one line)."""
+    """A user-given input path must be a file: say "is a directory", "no such file" or "not a regular file"
+    (a device such as /dev/null, a pipe, a socket), one line."""
     if Path(path).is_dir():
         raise UserError(f"{what} {path}: is a directory, not a file".lstrip())
-    if not Path(path).is_file():
+    if not Path(path).exists():
         raise UserError(f"{what} {path}: no such file".lstrip())
+    if not Path(path).is_file():
+        raise UserError(f"{what} {path}: not a regular file (a device, pipe or socket); name a file".lstrip())
 
 
 def read_input_tokens(backend, path: str):

@@ -32,7 +32,7 @@ def load_model(model: str | None, dtype: str | None = None, *, flags: tuple[str,
         path = gguf.default_model_path() if model is None else Path(model)
         m, tokenizer = gguf.load(path, dtype)
         return m, tokenizer, f"{path.name} ({dtype})"
-    if not Path(model).is_dir():
+    if not (Path(model) / "config.json").is_file():   # a folder of something else (`--model docs`): not mlx-lm's
         raise FileNotFoundError(f"{model_flag} {model}: not a .gguf file or an mlx-lm model directory")
     from mlx_lm.utils import load
 

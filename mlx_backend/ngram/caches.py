@@ -60,13 +60,14 @@ def as_table(cache, copy: bool = True) -> HashTable:
 
 
 def load_cache(path: str | os.PathLike, *, verify: bool = False, vocab_size: int | None = None,
-               fingerprint: bytes | None = None) -> SortedCache:
+               fingerprint: bytes | None = None, keep_copy: bool = True) -> SortedCache:
     """A cache file of either format, detected from its first bytes. ``vocab_size``/``fingerprint``:
     the tokenizer the caller uses; a file of our format that records a different one is refused.
     A llama.cpp-format file is read once and then mapped from a copy in our format
-    (:mod:`mlx_backend.ngram.converted_copy`; the result's ``converted_copy`` says which)."""
+    (:mod:`mlx_backend.ngram.converted_copy`; the result's ``converted_copy`` says which), unless
+    ``keep_copy=False``: then it is read itself and no copy is used or kept (``ngram-spec convert``)."""
     if str(path).endswith(".xz") or detect_format(path) == "llama":
-        cache = load_via_copy(path, verify=verify)
+        cache = load_via_copy(path, verify=verify, keep_copy=keep_copy)
     else:
         cache = open_ours(path, verify=verify)
     check_tokenizer(cache, path, vocab_size, fingerprint)

@@ -59,11 +59,12 @@ def copy_path(path: str | os.PathLike) -> Path:
     return cache_dir() / FOLDER / f"{where}-{h.hexdigest()[:16]}.ngc"
 
 
-def load_via_copy(path: str | os.PathLike, verify: bool = False):
+def load_via_copy(path: str | os.PathLike, verify: bool = False, keep_copy: bool = True):
     """``read_llama(path)``, or the mapped copy of an earlier read of the unchanged file (``verify``:
     check its every array). The result's ``converted_copy`` is ``(copy path, "reused" | "written")``,
-    or None where no copy was kept; each case is logged (``ngram_spec.cache``, INFO)."""
-    if os.environ.get(ENV_OFF, "") not in ("", "0"):
+    or None where no copy was kept; each case is logged (``ngram_spec.cache``, INFO). ``keep_copy=False``,
+    or ``NGRAM_SPEC_NO_CONVERTED_COPY=1``: the file is read, no copy used or written, nothing logged."""
+    if not keep_copy or os.environ.get(ENV_OFF, "") not in ("", "0"):
         cache = read_llama(path)
         cache.converted_copy = None
         return cache

@@ -260,3 +260,16 @@ def test_a_run_leaves_no_hypothesis_folder_where_it_was_started(tmp_path, monkey
     capsys.readouterr()
     assert list(tmp_path.iterdir()) == []
     assert getattr(configuration, "__hypothesis_home_directory") == before
+
+
+def test_a_run_keeps_no_converted_copies_of_its_temporary_files(tmp_path, monkeypatch, capsys):
+    """The checks hand the backend llama.cpp-format temporary files; the mlx backend kept a copy in our format
+    of each in the user's cache folder (``converted/``: ~180 files, 15 MB a run, copies of files already
+    deleted) and printed a line for each. Now the run keeps none and says nothing of them."""
+    monkeypatch.setenv("NGRAM_SPEC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("NGRAM_SPEC_NO_CONVERTED_COPY", raising=False)
+    assert ngram_spec_main(["conformance", "--backend", "mlx", "--check", "cache_files.golden_files_load",
+                            "--check", "drafting.golden_draft_dumps", "-q"]) == 0
+    err = capsys.readouterr().err
+    assert "llama.cpp's format" not in err, err
+    assert not (tmp_path / "cache" / "converted").exists()   # (vectors/: the shipped vectors, decompressed once)

@@ -393,3 +393,40 @@ def test_stats_counts_the_tokens_of_the_replayed_chunks(capsys, tmp_path, n_toke
     assert rc == 0, err
     summary = json.loads(out)
     assert (summary["n_chunks"], summary["tokens_replayed"]) == (chunks, 4 * chunks)
+
+
+def _commands() -> list[str]:
+    """Every subcommand, as build_parser registers them from COMMAND_MODULES."""
+    import argparse
+
+    from mlx_backend.cli import build_parser
+
+    (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return list(sub.choices)
+
+
+# the arguments a command requires, so that parsing reaches the unknown one
+REQUIRED = {"create": ["in.i32", "-o", "out.bin"], "merge": ["a.bin", "-o", "out.bin"], "inspect": ["a.bin"],
+            "convert": ["a.bin", "-o", "out.ngc"], "tiny-model": ["--arch", "llama", "-o", "dir"]}
+
+
+@pytest.mark.parametrize("command", _commands())
+def test_an_unknown_option_names_its_command_and_shows_its_usage(capsys, command):
+    """Before: argparse handed a subcommand's unknown arguments up to the top parser, so `inspect --bogus a.bin`
+    (and stats, generate, demo, serve, precompile, conformance) said ``ngram-spec: error: ...`` under the top
+    usage, while a missing argument said ``ngram-spec inspect: error: ...`` under inspect's."""
+    with pytest.raises(SystemExit) as exc:
+        main([command, *REQUIRED.get(command, []), "--bogus"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    assert err.startswith(f"usage: ngram-spec {command} ") and err.endswith(
+        f"\nngram-spec {command}: error: unrecognized arguments: --bogus\n"), err
+
+
+@pytest.mark.parametrize("argv", [["inspect", "/dev/null"], ["convert", "/dev/null", "-o", "{tmp}/x.ngc"],
+                                  ["stats", "/dev/null"]])
+def test_a_device_as_input_says_not_a_regular_file(tmp_path, capsys, argv):
+    """/dev/null exists: it said "/dev/null: no such file"."""
+    rc, _, err = run(capsys, *[a.format(tmp=tmp_path) for a in argv])
+    assert rc == 2 and "/dev/null: not a regular file" in err and "no such file" not in err, err
+    assert err.count("\n") == 1 and list(tmp_path.iterdir()) == []

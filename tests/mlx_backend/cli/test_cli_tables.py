@@ -147,3 +147,15 @@ def test_every_command_reads_both_formats_with_either_backend(tmp_path, llama_fi
 def test_convert_to_ours_needs_the_fast_backend(tmp_path, llama_file, capsys):
     assert main(["convert", str(llama_file), "-o", str(tmp_path / "x.ngc"), "--backend", "reference"]) == 2
     assert "--to ours needs --backend mlx" in capsys.readouterr().err
+
+
+def test_convert_writes_only_its_output(tmp_path, llama_file, capsys, monkeypatch):
+    """Before: converting a llama.cpp-format file also left a second copy of it in our format in the user's
+    cache folder (``converted/``, as any load of such a file does), and said so."""
+    monkeypatch.setenv("NGRAM_SPEC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("NGRAM_SPEC_NO_CONVERTED_COPY", raising=False)
+    out = tmp_path / "s.ngc"
+    assert main(["convert", str(llama_file), "-o", str(out)]) == 0
+    assert "converted" not in capsys.readouterr().err
+    assert not (tmp_path / "cache").exists() or list((tmp_path / "cache").rglob("*")) == []
+    assert api.load_cache(out).entries() == ref.load_cache(llama_file).entries()

@@ -600,3 +600,18 @@ def test_a_fixed_draft_max_up_to_the_limit_is_served_and_one_above_refused(llama
     finally:
         wide.stop()
 
+
+
+def test_a_model_directory_without_a_model_is_refused_as_generate_refuses_it(capsys, tmp_path, monkeypatch):
+    """Before: ``serve --model docs`` (a folder, not a model) failed in mlx-lm with ``docs/config.json: No such
+    file or directory``, as generate did; now both say what generate says of a path that is no model, before
+    mlx-lm is asked to load it."""
+    import mlx_lm.utils
+
+    monkeypatch.setattr(mlx_lm.utils, "load", lambda *a, **k: pytest.fail("mlx-lm asked to load the model"))
+    (tmp_path / "README.md").write_text("not a model")
+    line = f"--model {tmp_path}: not a .gguf file or an mlx-lm model directory"
+    assert main(["serve", "--model", str(tmp_path), "--port", str(free_port())]) == 2
+    assert capsys.readouterr().err == f"ngram-spec serve: error: {line}\n"
+    assert main(["generate", "--model", str(tmp_path), "--prompt", "hi"]) == 2
+    assert capsys.readouterr().err.endswith(f"ngram-spec generate: error: {line}\n")
