@@ -89,6 +89,10 @@ MLX_LM_FIELDS = frozenset((
     "tools", "role_mapping", "prompt"))
 SPEC_FIELDS = frozenset(("speculative", "draft_max", "n_draft", "drafter"))
 OPENAI_FIELDS = frozenset(("user", "n", "tool_choice", "parallel_tool_calls"))
+# Fields that mlx-lm (or this server) checks as integers: ``true`` and ``false`` pass ``isinstance(value, int)``
+# (a bool is an int in Python) and were read as 1 and 0; they are refused here (draft_max and its aliases: below)
+INT_FIELDS = ("max_tokens", "max_completion_tokens", "top_k", "repetition_context_size", "presence_context_size",
+              "frequency_context_size", "top_logprobs", "seed", "n")
 
 
 class FieldError(ValueError):
@@ -97,6 +101,12 @@ class FieldError(ValueError):
     def __init__(self, param: str, message: str):
         super().__init__(message)
         self.param = param
+
+
+def check_same_setting(given: dict) -> None:
+    """Refuse two fields of one setting (``given``: name -> value, as in the body) that disagree."""
+    if len(set(map(json.dumps, given.values()))) > 1:
+        raise FieldError(next(iter(given)), f"{' and '.join(given)} are the same setting; give one of them")
 
 
 class RequestError(ValueError):
@@ -947,7 +957,13 @@ def check_request_fields(body: dict, logit_bias: dict | None, n_vocab: int | Non
     Before, each one of these failed later: an empty prompt, or a ``stop`` that is not text, in the batched
     generation worker, which stopped the whole server (exit 1); a ``logit_bias`` id outside the vocabulary
     wrote past the logits (a segmentation fault on a later request); ``tools``, ``chat_template_kwargs`` or
-    a content part other than text in mlx-lm's tokenization (HTTP 404)."""
+    a content part other than text in mlx-lm's tokenization (HTTP 404). Checked here too, where mlx-lm decided
+    silently: a bool given for an integer (``"max_tokens": true`` was 1), and ``max_tokens`` and
+    ``max_completion_tokens`` that disagree (``max_completion_tokens`` won)."""
+    for name in INT_FIELDS:
+        if isinstance(body.get(name), bool):
+            raise FieldError(name, f"{name} must be an integer, got {json.dumps(body[name])}")
+    check_same_setting({k: body[k] for k in ("max_tokens", "max_completion_tokens") if body.get(k) is not None})
     if "prompt" in body and not isinstance(body["prompt"], str):
         raise FieldError("prompt", "prompt must be a string")
     if body.get("prompt") == "":
@@ -973,6 +989,23 @@ def check_request_fields(body: dict, logit_bias: dict | None, n_vocab: int | Non
             raise FieldError("logit_bias", f"logit_bias token id {token} is outside the vocabulary (ids 0..{(n_vocab or 2**31) - 1})")
         if not math.isfinite(bias):
             raise FieldError("logit_bias", f"logit_bias of token {token} must be a finite number")
+
+
+class _DepthCheckedJSON:
+    """The ``json`` that mlx-lm's ``APIHandler.do_POST`` parses the body with: a body nested deeper than Python's
+    parser goes (``[[[...]]]``, a ``RecursionError``, which escaped ``do_POST`` and dropped the connection with no
+    answer) is a ``JSONDecodeError`` like any malformed body, answered by mlx-lm with 400 ``Invalid JSON in request
+    body: ...``."""
+
+    JSONDecodeError = json.JSONDecodeError
+    dumps = staticmethod(json.dumps)
+
+    @staticmethod
+    def loads(text: str):
+        try:
+            return json.loads(text)
+        except RecursionError:
+            raise json.JSONDecodeError("Nested too deeply to parse", text, 0) from None
 
 
 class SpecAPIHandler(mlx_server.APIHandler):
@@ -1002,10 +1035,12 @@ class SpecAPIHandler(mlx_server.APIHandler):
         self._headers_sent = True
         super().end_headers()
 
+    _mlx_do_POST = _rebind(mlx_server.APIHandler.do_POST, json=_DepthCheckedJSON)
+
     def do_POST(self):
         with self.response_generator.answering():
             try:
-                super().do_POST()
+                self._mlx_do_POST()
             except (ValueError, AssertionError) as exc:  # mlx-lm 0.32.0 lets bad-request errors escape do_POST
                 if self._status:
                     raise
@@ -1081,8 +1116,12 @@ class SpecAPIHandler(mlx_server.APIHandler):
                 raise FieldError(name, f"{name} must be at most {max(DEFAULT_K_MAX, speculator.draft_max or 0)} "
                                        "(the cost-aware choice's limit, or the server's --draft-max if larger), "
                                        f"got {value}")
-        if len(set(map(json.dumps, given.values()))) > 1:
-            raise FieldError(next(iter(given)), f"{' and '.join(given)} are the same setting; give one of them")
+        check_same_setting(given)
+        drafts = [f"{k}: {json.dumps(body[k])}" for k in (*given, "drafter")
+                  if body.get(k) is not None and body[k] != 0]  # fields asking for speculation
+        if body.get("speculative") is False and drafts:
+            raise FieldError("speculative", f"speculative: false and {' and '.join(drafts)} contradict each other; "
+                                            "give one of them")
         draft_max = next(iter(given.values())) if given else speculator.draft_max
         drafter = body.get("drafter")
         drafter = speculator.drafter_name if drafter is None else drafter

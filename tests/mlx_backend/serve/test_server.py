@@ -260,6 +260,54 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(llama):
     assert chat(llama, MESSAGES[0])[0] is not None
 
 
+def test_a_body_nested_too_deeply_is_invalid_json_and_the_server_keeps_serving(llama):
+    # before: json.loads raised RecursionError, which escaped do_POST: the connection closed with no answer.
+    # 12000 deep, not more: mlx-lm logs a malformed body whole, into this server's stdout pipe, which no one reads
+    body = b"[" * 12000 + b"]" * 12000
+    with pytest.raises(RecursionError):
+        json.loads(body)
+    status, payload = llama.post_raw("/v1/chat/completions", body)
+    assert status == 400, payload
+    _, malformed = llama.post_raw("/v1/chat/completions", b"{not json")
+    assert payload["error"].keys() == malformed["error"].keys()
+    assert payload["error"]["type"] == "invalid_request_error"
+    assert payload["error"]["message"].startswith("Invalid JSON in request body: Nested too deeply"), payload
+    assert chat(llama, MESSAGES[0])[0] is not None
+
+
+HI = [{"role": "user", "content": "hi"}]
+CONTRADICTIONS = [  # (body, param, message): each silently decided before
+    ({"max_tokens": 4, "max_completion_tokens": 6}, "max_tokens",
+     "max_tokens and max_completion_tokens are the same setting; give one of them"),
+    ({"max_tokens": True}, "max_tokens", "max_tokens must be an integer, got true"),
+    ({"max_completion_tokens": True}, "max_completion_tokens", "max_completion_tokens must be an integer, got true"),
+    ({"logprobs": True, "top_logprobs": True}, "top_logprobs", "top_logprobs must be an integer, got true"),
+    ({"seed": True, "temperature": 0.5}, "seed", "seed must be an integer, got true"),
+    ({"n": True}, "n", "n must be an integer, got true"),
+    ({"top_k": False}, "top_k", "top_k must be an integer, got false"),
+    ({"speculative": False, "draft_max": 4}, "speculative",
+     "speculative: false and draft_max: 4 contradict each other; give one of them"),
+    ({"speculative": False, "n_draft": 2, "drafter": "suffix"}, "speculative",
+     'speculative: false and n_draft: 2 and drafter: "suffix" contradict each other; give one of them'),
+]
+
+
+@pytest.mark.parametrize("extra, param, message", CONTRADICTIONS)
+def test_contradictory_or_impossible_fields_are_refused_naming_them(llama, extra, param, message):
+    body = json.dumps({"messages": HI, "max_tokens": 4, **extra}).encode()
+    status, payload = llama.post_raw("/v1/chat/completions", body)
+    assert status == 400, payload
+    assert payload["error"] == {"message": message, "type": "invalid_request_error", "param": param, "code": None}
+
+
+def test_agreeing_fields_are_served(llama):
+    for extra in ({"max_tokens": 4, "max_completion_tokens": 4}, {"speculative": False, "draft_max": 0},
+                  {"speculative": False, "drafter": None}):
+        r = llama.client.chat.completions.create(model="default_model", messages=HI, temperature=0.0,
+                                                 extra_body={"max_tokens": 4, **extra})
+        assert r.usage.completion_tokens <= 4, extra
+
+
 def test_a_client_that_disconnects_mid_stream_frees_the_server(llama):
     before = llama.stats()
     conn, r = llama.open_stream(MESSAGES[0])
