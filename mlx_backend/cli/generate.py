@@ -120,7 +120,8 @@ def _add_model_and_output_args(p) -> None:
                    help="more tokens (ids or token strings) that stop generation, like mlx_lm.generate's")
     p.add_argument("--max-kv-size", type=int, default=None, metavar="N",
                    help="mlx: keep at most N positions in the attention caches (mlx-lm's rotating cache); "
-                        "the reference keeps all")
+                        "refused for a model that makes its own caches (mlx-lm's llama and qwen3_5 among them), "
+                        "which mlx-lm would size itself; the reference keeps all")
     p.add_argument("--dtype", choices=("auto", "float32", "float64", "float16", "bfloat16", "quantized"),
                    default="auto",
                    help="reference: float32 (auto) or float64 arithmetic; mlx: the weights' type: a GGUF file is "

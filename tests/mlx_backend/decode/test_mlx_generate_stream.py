@@ -11,6 +11,7 @@ from mlx_lm.generate import GenerationResponse, generation_stream
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlx_backend.decode.generate import SpecStats, ngram_speculative_generate_step, stream_generate
+from mlx_backend.models.compat import build
 from reference.models.tiny import write_tiny_model
 
 from test_mlx_generate import ScriptedDrafter, argmax_sampler
@@ -117,7 +118,14 @@ def test_stream_generate_refuses_at_its_boundary_what_it_cannot_run(tmp_root):
         with pytest.raises(TypeError, match="the prompt must be text, an mx.array or a sequence of integer token ids, "
                                             f"got {type(prompt).__name__}"):
             next(stream_generate(model, tokenizer, prompt, 4))
-    assert list(stream_generate(model, tokenizer, "abcab", 4, max_kv_size=8))[-1].finish_reason   # at least 1: runs
+    # mlx-lm ignores max_kv_size where the run does not make the cache or the model makes its own (tiny llama
+    # has make_cache): refused (before: taken and ignored, the whole context kept)
+    for cache, message in ((make_prompt_cache(model), "prompt_cache was given"),
+                           (None, "this model makes its own caches")):
+        with pytest.raises(ValueError, match=f"max_kv_size sizes the cache the run makes, and {message}"):
+            next(stream_generate(model, tokenizer, "abcab", 4, max_kv_size=8, prompt_cache=cache))
+    qwen2 = build("qwen2", seed=1)   # no make_cache: at least 1 runs, with a rotating cache
+    assert list(stream_generate(qwen2, tokenizer, [5, 6, 7, 5, 6], 4, max_kv_size=8))[-1].finish_reason
 
 
 def test_stream_generate_takes_mlx_lm_s_arguments_in_mlx_lm_s_places(tmp_root, monkeypatch):

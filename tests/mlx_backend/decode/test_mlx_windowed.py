@@ -28,9 +28,11 @@ def setup(kind: str):
     if kind in WINDOWED:
         model = tiny_model(kind, seed=1)
         return model, lambda: make_prompt_cache(model)
-    model = tiny_model("llama", seed=1)
-    if kind == "llama-max-kv":        # --max-kv-size: RotatingKVCache(keep=4) in every layer
+    if kind == "qwen2-max-kv":   # --max-kv-size: RotatingKVCache(keep=4) in every layer, for a model without
+        model = build("qwen2", seed=1)   # make_cache (llama has one since mlx-lm 0.32: max_kv_size was ignored)
+        assert all(isinstance(c, RotatingKVCache) and c.keep == 4 for c in make_prompt_cache(model, WINDOW + 2))
         return model, lambda: make_prompt_cache(model, max_kv_size=WINDOW + 2)
+    model = tiny_model("llama", seed=1)
     if kind == "llama-layer-types":   # llama with sliding_attention layers
         model = tiny_model("llama", seed=1, layer_types=["sliding_attention", "full_attention"],
                            sliding_window=WINDOW)
@@ -42,7 +44,7 @@ def setup(kind: str):
     raise ValueError(kind)
 
 
-KINDS = WINDOWED + ("llama-max-kv", "llama-layer-types", "llama-window-in-bigger-ring")
+KINDS = WINDOWED + ("qwen2-max-kv", "llama-layer-types", "llama-window-in-bigger-ring")
 
 
 def plain(model, make_cache, prompt, n, prefill=2048):
