@@ -481,12 +481,19 @@ def cli_run(timeout: float = DEFAULT_TIMEOUT) -> ShardedRun:
     """The :class:`ShardedRun` of ``ngram-spec generate --shard``. Only rank 0 prints: the other
     ranks' ``sys.stdout`` and ``sys.stderr`` go to ``os.devnull`` (the watchdog and
     :meth:`ShardedRun.load` write their messages to file descriptor 2 directly). A process alone
-    (not started by ``mlx.launch``, or ``-n 1``) is refused: it would run the whole model unsharded."""
-    group = mx.distributed.init()
+    (not started by ``mlx.launch``, or ``-n 1``) is refused: it would run the whole model unsharded. So is a
+    launch whose ranks ``mx.distributed.init()`` cannot join (``mlx.launch -n 1`` of mlx 0.32 writes a host file
+    holding only a newline, which init refuses with a JSON parse error)."""
+    fix = ("run it as mlx.launch -n 2 --backend ring -- ngram-spec generate ... --shard tensor (docs/distributed.md), "
+           "or drop --shard")
+    try:
+        group = mx.distributed.init()
+    except RuntimeError as exc:
+        raise ValueError(f"--shard: mx.distributed.init() could not join the ranks of this launch ({exc}): "
+                         f"{fix}") from None
     if group.size() == 1:
-        raise ValueError("--shard splits the model over the ranks that mlx.launch starts, and this process is "
-                         "alone: run it as mlx.launch -n 2 --backend ring -- ngram-spec generate ... --shard "
-                         "tensor (docs/distributed.md), or drop --shard")
+        raise ValueError(f"--shard splits the model over the ranks that mlx.launch starts, and this process is "
+                         f"alone: {fix}")
     if group.rank() != 0:   # silenced first, so that a bad timeout is reported once
         sys.stdout = open(os.devnull, "w")
         sys.stderr = open(os.devnull, "w")

@@ -7,7 +7,10 @@ forever: both are one line on stderr and exit status 2.
 from __future__ import annotations
 
 import io
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +19,8 @@ from reference.models.tiny import write_tiny_model
 from reference.ngram.tokens import write_tokens
 
 pytest.importorskip("mlx_lm")
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +51,25 @@ def test_prompt_from_stdin_with_shard_is_refused(model, capsys, monkeypatch):
         "ngram-spec generate: error: --prompt - with --shard would wait forever: mlx.launch never closes the "
         "ranks' stdin; give the text as --prompt \"$(cat FILE)\" or the token ids as --prompt-tokens FILE"]
     assert sys.stdin.read() == "abc abc"   # refused before reading it
+
+
+def test_a_launch_whose_ranks_init_cannot_join_is_one_line(model, tmp_path):
+    """``mlx.launch -n 1 --backend ring`` (mlx 0.32) gives its one rank a host file holding only a newline, which
+    ``mx.distributed.init()`` refuses: one line naming the fix, exit status 2. Before: a traceback ending in
+    'RuntimeError: [json.exception.parse_error.101] ...', exit 1."""
+    hosts = tmp_path / "hosts.json"
+    hosts.write_text("\n")   # what mlx.launch -n 1 writes
+    proc = subprocess.run([sys.executable, "-m", "mlx_backend.cli", "generate", "--model", str(model), "--shard",
+                           "tensor", "--prompt", "hi", "--blas", "bundled"], capture_output=True, text=True,
+                          env=dict(os.environ, MLX_HOSTFILE=str(hosts), MLX_RANK="0", PYTHONPATH=str(ROOT)), cwd=ROOT,
+                          timeout=300)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith("ngram-spec generate: error: --shard: mx.distributed.init() could not join the ranks "
+                               "of this launch ([json.exception.parse_error.101]")
+    assert lines[0].endswith("run it as mlx.launch -n 2 --backend ring -- ngram-spec generate ... --shard tensor "
+                             "(docs/distributed.md), or drop --shard")
 
 
 class _Writes(io.RawIOBase):
