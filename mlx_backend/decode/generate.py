@@ -259,8 +259,13 @@ class _Run:
     def propose(self, n: int) -> list[int]:
         """Up to ``n`` drafted tokens, cut before any id outside the model's vocabulary."""
         t0 = time.perf_counter()
-        proposal = (in_vocab([int(t) for t in self.drafter.draft(n)[:n]], self.n_vocab)
-                    if self.drafter is not None and n > 0 else [])
+        proposal = []
+        if self.drafter is not None and n > 0:
+            drafted = self.drafter.draft(n)
+            if not hasattr(drafted, "__getitem__") or isinstance(drafted, (str, bytes)):  # a drafter of the caller's
+                raise TypeError(f"the drafter's draft(n) must return a sequence of token ids (a list, [] for none), "
+                                f"got {type(drafted).__name__}")
+            proposal = in_vocab([int(t) for t in drafted[:n]], self.n_vocab)
         # the suffix match it was drafted on (0: none, or a drafter without one): the policy's acceptance key
         self.match = (getattr(self.drafter, "match_length", 0) or 0) if proposal else 0
         self.stats.t_draft += time.perf_counter() - t0

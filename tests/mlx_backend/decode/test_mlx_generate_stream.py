@@ -124,6 +124,19 @@ def test_stream_generate_refuses_at_its_boundary_what_it_cannot_run(tmp_root):
                            (None, "this model makes its own caches")):
         with pytest.raises(ValueError, match=f"max_kv_size sizes the cache the run makes, and {message}"):
             next(stream_generate(model, tokenizer, "abcab", 4, max_kv_size=8, prompt_cache=cache))
+    class NoDrafts:   # a drafter of the caller's whose draft returns None (before: "'NoneType' object is not
+        def reset(self, prompt):   # subscriptable" from inside the run)
+            pass
+
+        def extend(self, tokens):
+            pass
+
+        def draft(self, n):
+            return None
+
+    with pytest.raises(TypeError, match=r"the drafter's draft\(n\) must return a sequence of token ids \(a list, \[\] "
+                                        r"for none\), got NoneType"):
+        list(stream_generate(model, tokenizer, "abc abc abc", 5, drafter=NoDrafts(), draft_max=4))
     qwen2 = build("qwen2", seed=1)   # no make_cache: at least 1 runs, with a rotating cache
     assert list(stream_generate(qwen2, tokenizer, [5, 6, 7, 5, 6], 4, max_kv_size=8))[-1].finish_reason
 
