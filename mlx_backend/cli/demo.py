@@ -289,8 +289,9 @@ def register(subparsers) -> None:
             "prompts whose answers copy from the prompt (edit this code, repeat this list, answer quoting this\n"
             "passage) and one free-writing prompt, greedily, plain (mlx-lm's generate_step) and speculative with\n"
             "the defaults of generate and serve (the auto drafter: a copy of what followed the longest earlier\n"
-            "match of the last tokens, else llama.cpp's n-gram lookup; the cost-aware draft length), each twice (plain, spec, spec, plain), and print tokens/s both ways, the speedup, the\n"
-            "draft acceptance (of the first speculative run), tokens per forward and whether the outputs are\n"
+            "match of the last tokens, else llama.cpp's n-gram lookup; the cost-aware draft length), each\n"
+            "twice (plain, spec, spec, plain), and print tokens/s both ways, the speedup, the draft\n"
+            "acceptance (of the first speculative run), tokens per forward and whether the outputs are\n"
             "identical (they must be: speculation never changes greedy output). Exit code 1 if they differ other\n"
             "than at a near-tie.\n\n"
             "examples:\n  ngram-spec demo\n  ngram-spec demo --max-tokens 32 --json\n"
@@ -304,7 +305,8 @@ def register(subparsers) -> None:
                         "(default: SmolLM2-135M-Instruct)")
     p.add_argument("--dtype", choices=("quantized", "float32", "float16", "bfloat16"), default=None,
                    help="weights of a GGUF model: keep them quantized or dequantize (default: float32 on the CPU, "
-                        "where it is the fastest, quantized on a GPU)")
+                        "where it is the fastest, quantized on a GPU); an mlx-lm directory is loaded as stored "
+                        "unless a float type is given (quantized ones are refused, as by generate)")
     p.add_argument("--max-tokens", type=int, default=96, help="new tokens per prompt (default: %(default)s)")
     p.add_argument("--draft-max", type=int, default=None, metavar="K",
                    help="draft exactly up to K tokens per step (default: the cost-aware choice, from the learned "
