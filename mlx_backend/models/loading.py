@@ -15,6 +15,8 @@ def load(path: str | Path | None = None, dtype: str | None = None):
     directory is loaded as stored (None) or cast to float32, float16 or bfloat16."""
     from mlx_backend.models import gguf
 
+    if path is not None and not Path(path).exists():   # a GGUF file or a directory, meant: say both
+        raise FileNotFoundError(f"path {path}: no such file or directory (a .gguf file or an mlx-lm model directory)")
     if path is None or not Path(path).is_dir():
         return gguf.load(path, dtype)
     model, tokenizer, _ = load_model(str(path), dtype, flags=("path", "dtype"))

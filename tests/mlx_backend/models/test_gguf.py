@@ -196,8 +196,10 @@ def test_the_public_load_takes_an_mlx_lm_directory_as_model_does(tmp_path):
     with pytest.raises(ValueError, match="dtype quantized: .* is not quantized and mlx-lm loads it as stored; drop "
                                          "dtype"):
         mlx_backend.load(path, dtype="quantized")
-    with pytest.raises(FileNotFoundError, match="GGUF file not found"):
-        mlx_backend.load(tmp_path / "missing.gguf")
+    for missing in (tmp_path / "missing.gguf", tmp_path / "missing-dir"):   # before: "GGUF file not found" for both
+        with pytest.raises(FileNotFoundError, match=f"path {missing}: no such file or directory \\(a .gguf file or an "
+                                                    "mlx-lm model directory\\)"):
+            mlx_backend.load(missing)
 
 
 def test_missing_default_model_says_how_to_install(monkeypatch):
