@@ -170,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return run(args)
+    except BrokenPipeError:   # `python -m conformance --list | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # no second error when Python flushes
+        return 0
     except ValueError as exc:
         print(f"python -m conformance: error: {exc}", file=sys.stderr)
         return 2

@@ -19,6 +19,12 @@ from conformance.strategies import streams
 SMALL_FILES = ("syn-static.bin", "edge-neg-dyn.bin", "ovf-static.bin")
 
 
+def int32_hex(data: bytes) -> str:
+    """``data`` in hex, a group per little-endian int32 field counted from the first byte (``bytes.hex(' ', 4)``
+    counts its groups from the last byte: a file of 65 bytes read ``01 00000002 ...`` for ``01000000 02...``)."""
+    return data.hex(" ", -4)
+
+
 def _rows(impl, cache):
     return sorted(tuple(int(x) for x in row) for row in impl.cache_entries(cache))
 
@@ -77,10 +83,10 @@ def saved_files_are_llama_format(impl, cache, order):
         saved = llama_format.from_bytes(data)
     except ValueError as exc:
         raise AssertionError(f"the saved file is not in llama.cpp's format ({exc}); its first bytes: "
-                             f"{data[:24].hex(' ', 4)}") from None
+                             f"{int32_hex(data[:24])}") from None
     assert oracle.rows(saved) == oracle.rows(cache), (
         f"the saved file holds {oracle.rows(saved)[:4]}..., expected {oracle.rows(cache)[:4]}... "
-        f"(first bytes {data[:24].hex(' ', 4)}; fields are little-endian int32)")
+        f"(first bytes {int32_hex(data[:24])}; fields are little-endian int32)")
 
 
 # a truncation: (bytes the record header, followers or int32 at the offset need, bytes left from there)
@@ -142,16 +148,16 @@ def damaged_files_are_refused(impl):
             except (ValueError, OSError) as exc:
                 got = getattr(exc, "offset", None)
                 assert got is None or got == offset, (
-                    f"a cache file with {what} ({len(data)} bytes: {data.hex(' ', 4)}) was refused naming byte "
+                    f"a cache file with {what} ({len(data)} bytes: {int32_hex(data)}) was refused naming byte "
                     f"offset {got}, but the damage is at byte {offset}: {exc}")
                 sizes = (getattr(exc, "needed", None), getattr(exc, "left", None))
                 assert sizes == (None, None) or sizes == TRUNCATED.get(what), (
-                    f"a cache file with {what} ({len(data)} bytes: {data.hex(' ', 4)}) was refused saying "
+                    f"a cache file with {what} ({len(data)} bytes: {int32_hex(data)}) was refused saying "
                     f"(needed, left) = {sizes} bytes, expected {TRUNCATED.get(what, '(None, None): not a truncation')}: "
                     f"{exc}")
                 continue
             rows = _rows(impl, cache) if getattr(impl, "cache_entries", None) else "?"
-            raise AssertionError(f"a cache file with {what} ({len(data)} bytes: {data.hex(' ', 4)}) loaded "
+            raise AssertionError(f"a cache file with {what} ({len(data)} bytes: {int32_hex(data)}) loaded "
                                  f"without an error, as {rows}")
         try:
             impl.load_cache(os.path.join(tmp, "missing.bin"))

@@ -216,7 +216,9 @@ def dump_line(pos: int, drafts: list[int]) -> str:
 
 
 def backend_name(backend) -> str:
-    return getattr(backend, "NAME", backend.__name__)
+    """The backend's ``NAME``, else its module's name, else its type's (``--backend module.path:object`` may name
+    any object exporting the API: a ``SimpleNamespace``, an instance)."""
+    return getattr(backend, "NAME", None) or getattr(backend, "__name__", None) or type(backend).__name__
 
 
 def check_input_file(path: str, what: str = "") -> None:

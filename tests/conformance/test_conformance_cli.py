@@ -273,3 +273,27 @@ def test_a_run_keeps_no_converted_copies_of_its_temporary_files(tmp_path, monkey
     err = capsys.readouterr().err
     assert "llama.cpp's format" not in err, err
     assert not (tmp_path / "cache" / "converted").exists()   # (vectors/: the shipped vectors, decompressed once)
+
+
+def test_a_damaged_files_bytes_are_shown_a_group_per_int32_field():
+    """The bytes a cache_files failure shows start a group at every 4th byte from the first, where the format's
+    little-endian int32 fields start (before: bytes.hex(' ', 4) grouped from the last byte, so a file of 65
+    bytes read '01 00000002 000000ff ...' for its first field 01000000)."""
+    from conformance.checks.cache_files import int32_hex
+
+    data = (1).to_bytes(4, "little") + (2).to_bytes(4, "little") + bytes([0xFF])
+    assert int32_hex(data) == "01000000 02000000 ff"
+
+
+def test_a_reader_that_stops_early_ends_the_listing_quietly():
+    """``python -m conformance --list | head``: stdout closed by its reader is the end of the listing, exit 0 and
+    nothing on stderr (before: a BrokenPipeError traceback, exit 1). Here the pipe's reading end is closed before
+    the run starts, so every write fails, as the last ones do behind ``head``."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "conformance", "--list"], stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write_end)
+    assert (proc.returncode, proc.stderr) == (0, "")

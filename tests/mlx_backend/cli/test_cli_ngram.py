@@ -430,3 +430,28 @@ def test_a_device_as_input_says_not_a_regular_file(tmp_path, capsys, argv):
     rc, _, err = run(capsys, *[a.format(tmp=tmp_path) for a in argv])
     assert rc == 2 and "/dev/null: not a regular file" in err and "no such file" not in err, err
     assert err.count("\n") == 1 and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("named", [True, False])
+def test_a_backend_object_not_a_module_runs_every_table_command(capsys, tmp_path, monkeypatch, named):
+    """``--backend module.path:object`` naming an object that exports the API (here a SimpleNamespace of the
+    reference's members, with and without NAME): create, merge, inspect and stats run and name it. Before: each
+    ended in AttributeError: 'types.SimpleNamespace' object has no attribute '__name__' (a traceback, exit 1),
+    create and merge after writing their output."""
+    module = f"objapi_{'named' if named else 'unnamed'}"   # one module each: an imported one is kept
+    (tmp_path / f"{module}.py").write_text(
+        "import types\nimport reference.ngram.api as api\n"
+        "full = types.SimpleNamespace(**{n: getattr(api, n) for n in dir(api) if not n.startswith('_')})\n"
+        + ("full.NAME = 'full'\n" if named else "del full.NAME\n"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    write_tokens(tmp_path / "t.i32", [1, 2, 3, 1, 2, 3, 1, 2, 4] * 10)
+    backend = ["--backend", f"{module}:full"]
+    name = "full" if named else "SimpleNamespace"
+    rc, _, err = run(capsys, "create", tmp_path / "t.i32", "-o", tmp_path / "s.bin", *backend)
+    assert rc == 0 and f"backend {name})" in err, err
+    rc, _, err = run(capsys, "merge", tmp_path / "s.bin", tmp_path / "s.bin", "-o", tmp_path / "m.bin", *backend)
+    assert rc == 0 and f"(backend {name})" in err, err
+    rc, out, err = run(capsys, "inspect", tmp_path / "m.bin", "--json", *backend)
+    assert rc == 0 and json.loads(out)["backend"] == name, err
+    rc, out, err = run(capsys, "stats", tmp_path / "t.i32", "--static", tmp_path / "s.bin", "--json", *backend)
+    assert rc == 0 and json.loads(out)["backend"] == name, err
