@@ -16,7 +16,7 @@ import zlib
 import numpy as np
 
 from reference.ngram.file_errors import OURS_MAGIC as MAGIC
-from reference.ngram.file_errors import CacheFileError
+from reference.ngram.file_errors import OursFileError
 from reference.ngram.draft import try_static
 from reference.ngram.cache import LLAMA_NGRAM_MAX, NgramCache
 
@@ -109,15 +109,15 @@ def read_ours(path: str | os.PathLike, data: bytes) -> NgramCache:
     """The cache held by ``data``, the bytes of the file ``path`` in our format. The returned cache also
     carries the header's ``vocab_size`` (0: unknown) and tokenizer ``fingerprint`` (zeros: unknown)."""
     if len(data) < HEADER_SIZE:
-        raise CacheFileError(path, len(data), f"truncated header: {len(data)} bytes, the header needs {HEADER_SIZE}")
+        raise OursFileError(path, len(data), f"truncated header: {len(data)} bytes, the header needs {HEADER_SIZE}")
     magic, version, bom, header_size, vocab_size, fingerprint = PREFIX.unpack_from(data)
     if bom != BOM:
-        raise CacheFileError(path, 12, f"byte-order mark {bom:#010x} (expected {BOM:#010x}): wrong endianness")
+        raise OursFileError(path, 12, f"byte-order mark {bom:#010x} (expected {BOM:#010x}): wrong endianness")
     if version != VERSION:
-        raise CacheFileError(path, 8, f"unsupported version {version} of our format (this build reads {VERSION})")
+        raise OursFileError(path, 8, f"unsupported version {version} of our format (this build reads {VERSION})")
     (crc,) = struct.unpack_from("<I", data, CRC_AT)
     if header_size != HEADER_SIZE or crc != zlib.crc32(data[:CRC_AT]):
-        raise CacheFileError(path, CRC_AT, "header checksum mismatch (corrupt header)")
+        raise OursFileError(path, CRC_AT, "header checksum mismatch (corrupt header)")
     counts: dict[tuple[int, ...], dict[int, int]] = {}
     end = HEADER_SIZE
     for n in range(1, LLAMA_NGRAM_MAX + 1):
@@ -128,9 +128,9 @@ def read_ours(path: str | os.PathLike, data: bytes) -> NgramCache:
             nonlocal end
             nbytes = count * np.dtype(dtype).itemsize
             if offset % ALIGN or offset < HEADER_SIZE:
-                raise CacheFileError(path, at, f"section n={n}: misaligned array offset {offset}")
+                raise OursFileError(path, at, f"section n={n}: misaligned array offset {offset}")
             if offset + nbytes > len(data):
-                raise CacheFileError(path, len(data), f"truncated file: section n={n} needs bytes up to "
+                raise OursFileError(path, len(data), f"truncated file: section n={n} needs bytes up to "
                                                       f"{offset + nbytes}, the file has {len(data)}")
             end = max(end, offset + nbytes)
             return np.frombuffer(data, dtype, count, offset)
@@ -142,7 +142,7 @@ def read_ours(path: str | os.PathLike, data: bytes) -> NgramCache:
         cnts = array(counts_off, E, "<i4").tolist()
         top = array(top_off, K, "<i4").tolist()
         if offsets[0] != 0 or offsets[-1] != E or sum(cnts) != total:
-            raise CacheFileError(path, offsets_off, f"section n={n}: offsets or total disagree with the entries")
+            raise OursFileError(path, offsets_off, f"section n={n}: offsets or total disagree with the entries")
         previous = None
         for i, w in enumerate(words):
             slots = key_slots(*w) if n >= 3 else key_slots(w[0], -1)
@@ -150,21 +150,21 @@ def read_ours(path: str | os.PathLike, data: bytes) -> NgramCache:
             lo, hi = offsets[i], offsets[i + 1]
             followers = tokens[lo:hi]
             if min(eta) < 0 or any(s != -1 for s in slots[n:]) or (previous is not None and w <= previous):
-                raise CacheFileError(path, keys_off, f"section n={n}: key {i} {slots} is invalid or out of order")
+                raise OursFileError(path, keys_off, f"section n={n}: key {i} {slots} is invalid or out of order")
             if hi <= lo or followers != sorted(set(followers)) or followers[0] < 0:
-                raise CacheFileError(path, tokens_off + 4 * lo, f"section n={n}: the followers of n-gram {eta} are "
+                raise OursFileError(path, tokens_off + 4 * lo, f"section n={n}: the followers of n-gram {eta} are "
                                                                 "empty, unsorted, repeated or negative")
             if min(cnts[lo:hi]) <= 0:
-                raise CacheFileError(path, counts_off + 4 * lo, f"section n={n}: non-positive count of n-gram {eta}")
+                raise OursFileError(path, counts_off + 4 * lo, f"section n={n}: non-positive count of n-gram {eta}")
             part = dict(zip(followers, cnts[lo:hi]))
             expected = try_static(part)
             if top[i] != (-1 if expected is None else expected):
-                raise CacheFileError(path, top_off + 4 * i, f"section n={n}: the stored static draft {top[i]} of "
+                raise OursFileError(path, top_off + 4 * i, f"section n={n}: the stored static draft {top[i]} of "
                                                             f"n-gram {eta} disagrees with its counts")
             counts[eta] = part
             previous = w
     if len(data) != end:
-        raise CacheFileError(path, end, f"{len(data) - end} unexpected trailing bytes")
+        raise OursFileError(path, end, f"{len(data) - end} unexpected trailing bytes")
     cache = NgramCache(counts)
     cache.vocab_size, cache.fingerprint = vocab_size, fingerprint
     return cache
