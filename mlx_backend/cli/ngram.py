@@ -515,7 +515,8 @@ def config_vocab_size(model: Path) -> int:
     return 0
 
 
-def tokenize_requests(path: str, rows, model: str | None) -> tuple[list[tuple[list[int], list[int]]], object, int | None]:
+def tokenize_requests(path: str, rows, model: str | None
+                      ) -> tuple[list[tuple[list[int], list[int]]], object, int | None]:
     """Token ids of every request (text through the tokenizer, as is), checked against the vocabulary
     when one is known (``--model`` given, or text in the file); with the tokenizer and the vocabulary size
     (None, None where neither is known)."""

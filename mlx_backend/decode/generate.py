@@ -189,16 +189,18 @@ class _Run:
                 raise TypeError(f"{name} must be a whole number, got {value!r}")
         if prefill_step_size < 1:
             raise ValueError(f"prefill_step_size must be >= 1, got {prefill_step_size}")
-        if max_kv_size is not None and not is_whole(max_kv_size):
-            raise TypeError(f"max_kv_size must be a whole number or None (keep every position), got {max_kv_size!r}")
-        if max_kv_size is not None and max_kv_size < 1:   # the rule of generate's --max-kv-size
-            raise ValueError(f"max_kv_size must be at least 1 or None (keep every position), got {max_kv_size}")
-        if max_kv_size is not None and (prompt_cache is not None or hasattr(model, "make_cache")):
-            # mlx-lm's generate_step takes it and ignores it in both cases: refused, never accepted and ignored
-            raise ValueError("max_kv_size sizes the cache the run makes, and " + (
-                "prompt_cache was given: make that cache with make_prompt_cache(model, max_kv_size)"
-                if prompt_cache is not None else "this model makes its own caches (model.make_cache), whose size "
-                "mlx-lm's make_prompt_cache does not set") + "; drop max_kv_size")
+        if max_kv_size is not None:
+            if not is_whole(max_kv_size):
+                raise TypeError(f"max_kv_size must be a whole number or None (keep every position), "
+                                f"got {max_kv_size!r}")
+            if max_kv_size < 1:   # the rule of generate's --max-kv-size
+                raise ValueError(f"max_kv_size must be at least 1 or None (keep every position), got {max_kv_size}")
+            if prompt_cache is not None or hasattr(model, "make_cache"):
+                # mlx-lm's generate_step takes it and ignores it in both cases: refused, never accepted and ignored
+                raise ValueError("max_kv_size sizes the cache the run makes, and " + (
+                    "prompt_cache was given: make that cache with make_prompt_cache(model, max_kv_size)"
+                    if prompt_cache is not None else "this model makes its own caches (model.make_cache), whose "
+                    "size mlx-lm's make_prompt_cache does not set") + "; drop max_kv_size")
         if stats is not None and not isinstance(stats, SpecStats):
             raise TypeError(f"stats must be a SpecStats (mlx_backend.decode.generate), got {type(stats).__name__}")
         if draft_policy is not None and not hasattr(draft_policy, "choose"):

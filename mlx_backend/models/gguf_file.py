@@ -127,10 +127,11 @@ def _diagnose(data) -> str:
         return truncated.format("header")
     except ValueError:
         return "its header is damaged (an unknown metadata value type); download it again"
-    unreadable = sorted({(name, kind) for name, _, kind, _ in tensors if kind not in READABLE}, key=lambda t: t[1])
+    unreadable = min(((kind, name) for name, _, kind, _ in tensors if kind not in READABLE), default=None)
     if unreadable:
-        name, kind = unreadable[0]
-        return f"tensor {name} has ggml type {GGML_NAMES.get(kind, 'number')} ({kind}), which mlx does not read; {REQUANTIZE}"
+        kind, name = unreadable
+        return (f"tensor {name} has ggml type {GGML_NAMES.get(kind, 'number')} ({kind}), which mlx does not read; "
+                f"{REQUANTIZE}")
     start = -(-pos // alignment) * alignment
     end = start
     for _, dims, kind, offset in tensors:

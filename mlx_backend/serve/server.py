@@ -1117,11 +1117,12 @@ class SpecAPIHandler(mlx_server.APIHandler):
                                        "(the cost-aware choice's limit, or the server's --draft-max if larger), "
                                        f"got {value}")
         check_same_setting(given)
-        drafts = [f"{k}: {json.dumps(body[k])}" for k in (*given, "drafter")
-                  if body.get(k) is not None and body[k] != 0]  # fields asking for speculation
-        if body.get("speculative") is False and drafts:
-            raise FieldError("speculative", f"speculative: false and {' and '.join(drafts)} contradict each other; "
-                                            "give one of them")
+        if body.get("speculative") is False:
+            drafts = [f"{k}: {json.dumps(body[k])}" for k in (*given, "drafter")
+                      if body.get(k) is not None and body[k] != 0]  # fields asking for speculation
+            if drafts:
+                raise FieldError("speculative", f"speculative: false and {' and '.join(drafts)} contradict each "
+                                                "other; give one of them")
         draft_max = next(iter(given.values())) if given else speculator.draft_max
         drafter = body.get("drafter")
         drafter = speculator.drafter_name if drafter is None else drafter

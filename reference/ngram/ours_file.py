@@ -131,7 +131,7 @@ def read_ours(path: str | os.PathLike, data: bytes) -> NgramCache:
                 raise OursFileError(path, at, f"section n={n}: misaligned array offset {offset}")
             if offset + nbytes > len(data):
                 raise OursFileError(path, len(data), f"truncated file: section n={n} needs bytes up to "
-                                                      f"{offset + nbytes}, the file has {len(data)}")
+                                                     f"{offset + nbytes}, the file has {len(data)}")
             end = max(end, offset + nbytes)
             return np.frombuffer(data, dtype, count, offset)
 
@@ -153,14 +153,14 @@ def read_ours(path: str | os.PathLike, data: bytes) -> NgramCache:
                 raise OursFileError(path, keys_off, f"section n={n}: key {i} {slots} is invalid or out of order")
             if hi <= lo or followers != sorted(set(followers)) or followers[0] < 0:
                 raise OursFileError(path, tokens_off + 4 * lo, f"section n={n}: the followers of n-gram {eta} are "
-                                                                "empty, unsorted, repeated or negative")
+                                                               "empty, unsorted, repeated or negative")
             if min(cnts[lo:hi]) <= 0:
                 raise OursFileError(path, counts_off + 4 * lo, f"section n={n}: non-positive count of n-gram {eta}")
             part = dict(zip(followers, cnts[lo:hi]))
             expected = try_static(part)
             if top[i] != (-1 if expected is None else expected):
                 raise OursFileError(path, top_off + 4 * i, f"section n={n}: the stored static draft {top[i]} of "
-                                                            f"n-gram {eta} disagrees with its counts")
+                                                           f"n-gram {eta} disagrees with its counts")
             counts[eta] = part
             previous = w
     if len(data) != end:
