@@ -27,12 +27,17 @@ examples:
 """
 
 
-def default_backend() -> str:
-    """generate's backend when --backend is not given: ``$NGRAM_SPEC_BACKEND`` if it names one of ours,
-    else mlx where mlx-lm is installed (the fast one), else the reference."""
+def default_backend(strict: bool = False) -> str:
+    """generate's backend when --backend is not given: ``$NGRAM_SPEC_BACKEND`` if set (``strict``: any other
+    value than reference or mlx is a UserError, as the other commands refuse a name that names nothing; not
+    strict, for the help text, it is passed over), else mlx where mlx-lm is installed (the fast one), else
+    the reference."""
     name = os.environ.get("NGRAM_SPEC_BACKEND")
     if name in ("reference", "mlx"):
         return name
+    if name and strict:
+        raise UserError(f"unknown backend {name!r} (from $NGRAM_SPEC_BACKEND): generate runs reference or mlx; "
+                        "set the variable to one of them, unset it, or give --backend")
     return "mlx" if importlib.util.find_spec("mlx_lm") is not None else "reference"
 
 
@@ -59,7 +64,7 @@ def register(subparsers) -> None:
                     "Flags follow mlx_lm.generate (--prompt - reads stdin, --system-prompt, --temp, --top-p,\n"
                     "--min-p, --top-k, --max-kv-size, --extra-eos-token, --verbose).\n\n"
                     + GENERATE_EXAMPLES)
-    p.add_argument("--backend", choices=("reference", "mlx"), default=backend,
+    p.add_argument("--backend", choices=("reference", "mlx"), default=None,   # None: default_backend(strict=True)
                    help=f"mlx: fast, any mlx-lm model; reference: the NumPy specification, greedy only, a model "
                         f"directory in mlx-lm's format (qwen3_5, qwen3_next, llama). Default here: {backend} "
                         "($NGRAM_SPEC_BACKEND, else mlx where mlx-lm is installed); --json names the one that ran")
@@ -156,6 +161,8 @@ def check_drafter_caches(drafter: str | None, static: str | None, dynamic: str |
 
 def check_generate_args(args) -> None:
     """Refuse values with no meaning before any work, one line each (both backends)."""
+    if args.backend is None:
+        args.backend = default_backend(strict=True)
     check_sampling(args.temp, args.top_p, args.min_p, args.top_k, args.min_tokens_to_keep, cli=True)
     rules = (("--max-tokens", args.max_tokens, args.max_tokens >= 1, "at least 1"),
              ("--draft-max", args.draft_max, args.draft_max is None or args.draft_max >= 0, ">= 0"),

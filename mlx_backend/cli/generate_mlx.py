@@ -11,7 +11,7 @@ import threading
 import mlx.core as mx
 
 from mlx_backend.cli.demo import cost_curve, describe_costs
-from mlx_backend.cli.generate_record import drafter_name, generation_record, lookup_part
+from mlx_backend.cli.generate_record import drafter_name, extra_eos_id, generation_record, lookup_part
 from mlx_backend.cli.prompts import prompt_tokens, read_stdin_prompt
 from mlx_backend.machine.blas import blas_in_use, ensure_fast_blas
 from mlx_backend.models.loading import load_model
@@ -153,11 +153,8 @@ def _load(args):
     from mlx_backend.decode.generate import vocab_size
 
     n_vocab = vocab_size(model) or 2**31
-    for token in args.extra_eos_token:
-        if token.lstrip("-").isdigit() and not 0 <= int(token) < n_vocab:   # mlx-lm takes any id
-            raise ValueError(f"--extra-eos-token {token}: outside the model's vocabulary (ids 0..{n_vocab - 1}), "
-                             "so it could never stop generation")
-        tokenizer.add_eos_token(token)
+    for token in args.extra_eos_token:   # mlx-lm takes any id, and any text (as the unknown token's id)
+        tokenizer.add_eos_token(str(extra_eos_id(tokenizer, token, n_vocab)))
     return model, tokenizer, desc, run
 
 

