@@ -392,6 +392,25 @@ def _file_mode(path: Path) -> int:
         return 0o666 & ~umask
 
 
+def _check_folder_writable(flag: str, output, folder: str) -> None:
+    """Create and remove a file in ``folder``, as :func:`atomic_write` will create its temporary: a folder this
+    process may not write into (permissions, a read-only or immutable mount) is found now, not after the work.
+    The probe's name is not a temporary's (``.ngram-spec-probe.PID.*.probe``), so nothing waiting for the
+    writer's temporary file mistakes it for one."""
+    tmp = None
+    try:
+        with _signals_held():   # a Ctrl-C right after mkstemp returns is raised once ``tmp`` is set
+            fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".ngram-spec-probe.{os.getpid()}.", suffix=".probe")
+        os.close(fd)
+    except OSError as exc:
+        raise ValueError(f"{flag} {output}: cannot create a file in the folder {folder} ({exc.strerror}); make the "
+                         "folder writable or choose another output path") from None
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
 def check_outputs(outputs: dict[str, str | os.PathLike | None], inputs: Iterable[str | os.PathLike | None]) -> None:
     """Refuse an output path (``outputs``: option -> path, ``None`` = not given) that is the same file
     as one of ``inputs`` (``os.path.samefile``: symbolic and hard links included) or as another output,
@@ -410,6 +429,8 @@ def check_outputs(outputs: dict[str, str | os.PathLike | None], inputs: Iterable
         if os.path.isfile(output) and not os.access(output, os.W_OK):
             raise ValueError(f"{flag} {output}: the file is read-only; make it writable (chmod u+w) to replace it, "
                              "or choose another output path")
+        if not os.path.exists(output) or os.path.isfile(output):   # a stream (/dev/stdout) is written directly
+            _check_folder_writable(flag, output, folder)
     existing = [path for path in inputs if path is not None and os.path.exists(path)]
     for flag, output in given.items():
         for path in existing:

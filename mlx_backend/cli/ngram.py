@@ -143,10 +143,11 @@ def register_stats(subparsers, fmt) -> None:
                         "product (identical unless a product exceeds 2**31-1)")
     p.add_argument("--drafts-out", metavar="FILE",
                    help="write one line 'pos k d_1 .. d_k' per draft call (the conformance vectors' dump format; "
-                        "TOKENS only)")
+                        "TOKENS only; an existing FILE is replaced once the run is complete)")
     p.add_argument("--save-dynamic", metavar="FILE",
                    help="save the dynamic cache after the replay (the --dynamic one plus every replayed chunk; "
-                        "TOKENS only)")
+                        "TOKENS only; an existing FILE is replaced once the run is complete, never the --dynamic "
+                        "input itself)")
     p.add_argument("--json", action="store_true",
                    help="print a JSON summary (with the backend that ran) instead of lookup-stats' lines; with "
                         "--requests: requests, output_tokens, verify_steps, tokens_per_step, drafted, accepted, "
@@ -320,6 +321,8 @@ def cmd_create(args) -> int:
         if Path(args.input).suffix in TEXT_SUFFIXES:
             raise UserError(f"{args.input} looks like a text file: pass --tokenizer PATH to tokenize it")
         tokens = read_input_tokens(backend, args.input)
+    if len(tokens) == 0:
+        raise UserError(f"{args.input} holds no tokens: nothing to count (a cache is made from at least 2 tokens)")
     t0 = time.perf_counter()
     cache = backend.build_static(tokens, progress=bar("create", "tok", False if args.no_progress else None))
     if tokenizer is not None and args.format == "ours":  # recorded, so the cache is refused with another tokenizer
@@ -379,8 +382,8 @@ def cmd_stats(args) -> int:
         on_draft = (lambda pos, drafts: dump.write(dump_line(pos, drafts))) if dump is not None else None
         stats = backend.replay(tokens, n_ctx=args.n_ctx, n_draft=args.n_draft, c_st=c_st, c_dyn=c_dyn,
                                on_draft=on_draft, score=args.score, **extra)
-    if args.save_dynamic:
-        save_cache_file(backend, stats.c_dyn, args.save_dynamic, args.format)
+        if args.save_dynamic:   # inside: the dump is renamed after it, so a failed save leaves both as they were
+            save_cache_file(backend, stats.c_dyn, args.save_dynamic, args.format)
 
     N = len(tokens)
     if stats.n_chunks == 0:  # not an error (llama-lookup-stats prints zeros too), but never silent

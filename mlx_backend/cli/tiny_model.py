@@ -43,6 +43,9 @@ def check_out(out: str) -> None:
     from mlx_backend.cli import UserError
     from reference.models.tiny import ARCHS, tiny_config
 
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise UserError(f"--out {out} is a file, not a folder: a model is a folder of files; give a new or empty "
+                        "folder")
     if not os.path.isdir(out) or not os.listdir(out):
         return
     others = sorted(set(os.listdir(out)) - TINY_FILES)

@@ -6,7 +6,8 @@ import os
 
 OURS_MAGIC = b"NGRAMSPC"  # first bytes of ngram-spec's memory-mapped format (docs/cache-format.md)
 # llama.cpp's format has no header: an empty file would be an empty cache, which no user means.
-EMPTY_FILE = "empty file (0 bytes): an n-gram cache has at least one n-gram (make one with `ngram-spec create`)"
+EMPTY_FILE = ("empty file (0 bytes): an n-gram cache has at least one n-gram (a static cache: make one with "
+              "`ngram-spec create`; a --dynamic file: delete it, and the run creates it)")
 EMPTY_CACHE = ("the cache is empty: nothing to write (llama.cpp's format has no empty cache file; "
                "was anything replayed or counted?)")
 

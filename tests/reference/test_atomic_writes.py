@@ -96,6 +96,34 @@ def test_check_outputs_allows_distinct_paths(tmp_path):
         check_outputs({"-o": b}, inputs=[a, b])
 
 
+def _sys_is_read_only() -> bool:
+    try:
+        Path("/sys/ngram-spec-probe").touch()
+    except OSError:
+        return True
+    os.unlink("/sys/ngram-spec-probe")
+    return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/sys") or not _sys_is_read_only(),
+                    reason="needs a folder nobody may write into: Linux's /sys (read-only even for root)")
+def test_a_folder_that_cannot_be_written_is_refused_before_the_work(tmp_path, capsys):
+    """Before, check_outputs saw only that the folder existed, so `create` built the whole cache, `generate`
+    generated the whole text, and then the write failed ('Operation not permitted', naming no fix)."""
+    with pytest.raises(ValueError, match=r"-o /sys/out\.bin: cannot create a file in the folder /sys \(.+\); make "
+                                         "the folder writable or choose another output path"):
+        check_outputs({"-o": "/sys/out.bin"}, inputs=[])
+    toks = tmp_path / "t.i32"
+    np.arange(5, dtype="<i4").tofile(toks)
+    assert main(["create", str(toks), "-o", "/sys/out.bin"]) == 2
+    assert "cannot create a file in the folder /sys" in capsys.readouterr().err
+
+
+def test_the_folder_check_leaves_nothing_behind(tmp_path):
+    check_outputs({"-o": tmp_path / "out.bin", "--other": tmp_path / "other.bin"}, inputs=[])
+    assert list(tmp_path.iterdir()) == []
+
+
 # --- atomic writes ---------------------------------------------------------------------------------
 
 

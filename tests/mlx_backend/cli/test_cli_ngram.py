@@ -168,12 +168,13 @@ def test_empty_input_reports_zeros(capsys, tmp_path):
     summary = json.loads(out)
     assert rc == 0 and summary["n_drafted"] == summary["n_accept"] == summary["n_chunks"] == 0
     rc, _, err = run(capsys, "create", empty, "-o", tmp_path / "e.bin")  # llama.cpp's format has no empty file
-    assert rc == 2 and "the cache is empty: nothing to write" in err and not (tmp_path / "e.bin").exists()
+    assert rc == 2 and f"{empty} holds no tokens: nothing to count" in err and not (tmp_path / "e.bin").exists()
     (tmp_path / "e.bin").write_bytes(b"")
     for argv in (["inspect", tmp_path / "e.bin"], ["stats", empty, "--static", tmp_path / "e.bin"]):
         for backend in ("reference", "mlx"):
             rc, out, err = run(capsys, *argv, "--backend", backend)
             assert rc == 2 and "e.bin: empty file (0 bytes)" in err, (argv, backend, err)
+            assert "a --dynamic file: delete it, and the run creates it" in err   # not only create's advice
 
 
 
@@ -455,3 +456,24 @@ def test_a_backend_object_not_a_module_runs_every_table_command(capsys, tmp_path
     assert rc == 0 and json.loads(out)["backend"] == name, err
     rc, out, err = run(capsys, "stats", tmp_path / "t.i32", "--static", tmp_path / "s.bin", "--json", *backend)
     assert rc == 0 and json.loads(out)["backend"] == name, err
+
+
+def test_a_failed_dynamic_save_leaves_the_drafts_dump_as_it_was(capsys, tmp_path, monkeypatch):
+    """stats writes two outputs: before, the --drafts-out dump was renamed into place before --save-dynamic
+    was written, so a save that failed (a full disk) or was interrupted left a new dump beside the old cache."""
+    import mlx_backend.cli.ngram as cli_ngram
+
+    toks = tmp_path / "t.i32"
+    write_tokens(toks, [1, 2, 3, 4] * 40)
+    dump, dyn = tmp_path / "drafts.txt", tmp_path / "dyn.bin"
+    dump.write_text("the user's old dump\n")
+    dyn.write_bytes(b"the user's old cache")
+
+    def full_disk(backend, cache, path, fmt):
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(cli_ngram, "save_cache_file", full_disk)
+    rc, _, err = run(capsys, "stats", toks, "--n-ctx", 16, "--drafts-out", dump, "--save-dynamic", dyn)
+    assert rc != 0 and "No space left on device" in err, err
+    assert dump.read_text() == "the user's old dump\n" and dyn.read_bytes() == b"the user's old cache"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["drafts.txt", "dyn.bin", "t.i32"]

@@ -32,6 +32,17 @@ def test_a_folder_that_is_not_a_tiny_model_is_refused_and_left_as_it_was(tmp_pat
     assert _snapshot(out) == before
 
 
+def test_a_file_as_the_output_folder_is_named_with_the_fix(tmp_path, capsys):
+    """(before: 'error: PATH: Not a directory', naming neither the flag nor what to give)."""
+    out = tmp_path / "tokens.i32"
+    out.write_bytes(b"\x01\x00\x00\x00")
+    assert main(["tiny-model", "--arch", "llama", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == (f"ngram-spec tiny-model: error: --out {out} is a file, not a folder: a model is a folder "
+                           "of files; give a new or empty folder")
+    assert out.read_bytes() == b"\x01\x00\x00\x00"
+
+
 def test_an_earlier_tiny_model_or_an_empty_folder_is_written(tmp_path, capsys):
     out = tmp_path / "model"
     out.mkdir()
