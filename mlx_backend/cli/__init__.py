@@ -145,9 +145,14 @@ def _stop_in(exc: BaseException) -> BaseException | None:
 
 
 def _interrupted(command: str | None) -> int:
-    """Ctrl-C: one line on stderr and exit status 130 (128 + SIGINT), in every phase of every command."""
+    """Ctrl-C: one line on stderr and exit status 130 (128 + SIGINT), in every phase of every command. On a
+    terminal that shows both streams the line starts a line of its own, not the end of a streamed text."""
+    fresh_line = ""
+    with contextlib.suppress(Exception):  # stdout closed
+        sys.stdout.flush()
+        fresh_line = "\n" if sys.stdout.isatty() and sys.stderr.isatty() else ""
     with contextlib.suppress(Exception):  # stderr closed: the exit status says it
-        print(f"{_prog(command)}: interrupted", file=sys.stderr, flush=True)
+        print(f"{fresh_line}{_prog(command)}: interrupted", file=sys.stderr, flush=True)
     return 128 + int(signal.SIGINT)
 
 

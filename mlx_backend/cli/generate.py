@@ -23,7 +23,7 @@ examples:
   ngram-spec generate --backend reference --model tiny-qwen --prompt-tokens prompt.i32 --json
       (prompt.i32: token ids as raw little-endian int32, e.g. numpy's
        np.tile(np.arange(5, 25), 6).astype('<i4').tofile('prompt.i32'))
-  ngram-spec generate --prompt "Repeat this list: apples, pears, plums"      (mlx, default model)
+  ngram-spec generate --prompt "Repeat exactly: red, green, blue, red, green, blue"   (mlx, default model)
 """
 
 

@@ -212,3 +212,33 @@ def test_an_interrupt_garbled_by_a_kernel_is_still_an_interrupt(capsys, monkeypa
     monkeypatch.setattr(ngram, "cmd_create", interrupted_kernel)
     assert main(["create", "x.i32", "-o", "y.bin"]) == 130
     assert capsys.readouterr().err == "ngram-spec create: interrupted\n"
+
+
+class _Terminal:
+    """A stream that says it is a terminal and records what is written to it (the terminal both streams show)."""
+
+    def __init__(self, screen: list[str]):
+        self.screen = screen
+
+    def write(self, text: str) -> int:
+        self.screen.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_on_a_terminal_the_interrupted_line_starts_a_line_of_its_own(monkeypatch):
+    """generate streams its text to stdout without a newline; before, Ctrl-C's line was glued to it on the
+    terminal ('...the presentngram-spec generate: interrupted'). Piped (the tests above), the line is as it was."""
+    from mlx_backend.cli import _interrupted
+
+    screen: list[str] = []
+    monkeypatch.setattr(sys, "stdout", _Terminal(screen))
+    monkeypatch.setattr(sys, "stderr", _Terminal(screen))
+    sys.stdout.write("intertwined with the present")
+    assert _interrupted("generate") == 130
+    assert "".join(screen).splitlines() == ["intertwined with the present", "ngram-spec generate: interrupted"]
