@@ -414,7 +414,8 @@ def _check_folder_writable(flag: str, output, folder: str) -> None:
 def check_outputs(outputs: dict[str, str | os.PathLike | None], inputs: Iterable[str | os.PathLike | None]) -> None:
     """Refuse an output path (``outputs``: option -> path, ``None`` = not given) that is the same file
     as one of ``inputs`` (``os.path.samefile``: symbolic and hard links included) or as another output,
-    and one that cannot be written where it points (empty, a directory, a folder that does not exist):
+    and one that cannot be written where it points (empty, a directory, a folder that does not exist or that
+    this process may not create a file in):
     checked before any work, so a long run does not end in an error it could have given at the start."""
     given = {flag: path for flag, path in outputs.items() if path is not None}
     for flag, output in given.items():

@@ -347,11 +347,10 @@ def cmd_stats(args) -> int:
             raise UserError(f"{flag} applies to --requests only (a token file is replayed with llama.cpp's lookup)")
     if args.n_ctx is None:
         args.n_ctx = 4096
-    for flag, name in (("--n-ctx", "n_ctx"), ("--n-draft", "n_draft")):
-        try:   # the reference's rule, named as the flag is
-            check_replay_args(**{"n_ctx": args.n_ctx, "n_draft": 0, name: getattr(args, name)})
-        except ValueError as exc:
-            raise UserError(flag + str(exc).removeprefix(name)) from exc
+    try:
+        check_replay_args(args.n_ctx, args.n_draft)
+    except ValueError as exc:   # the reference's rule, named as the flag is: "n_ctx must ..." -> "--n-ctx must ..."
+        raise UserError("--" + str(exc).replace("_", "-", 1)) from exc
     backend = get_backend(args.backend)
     if args.save_dynamic:
         check_format(backend, args.format)
