@@ -199,6 +199,16 @@ def describe_costs(model, prefix: str = "") -> str:
             f"(timed S: {timed}; kept in {cost_file()})")
 
 
+def _some_costs(rel) -> str:
+    """The verify costs for a footnote: all of them up to S = 9, else those at S = 1, 2, 3, 5, 9, 17, 33, 65
+    (the ``[demo] verify cost`` line on stderr has every one)."""
+    if len(rel) <= 9:
+        return cost_curve(rel)
+    shown = [S for S in (1, 2, 3, 5, 9, 17, 33, 65) if S <= len(rel)]
+    return (f"c(S)/c(1) at S = {', '.join(map(str, shown))} (of 1..{len(rel)}): "
+            + " ".join(f"{rel[S - 1]:.2f}" for S in shown))
+
+
 def _no_drafts_note(reason: str, names: list[str], policy: dict | None, blas: str | None) -> str:
     """The footnote under the demo's table for the rows whose speculative runs drafted nothing."""
     which = f"* no drafts ({', '.join(names)}): "
@@ -212,7 +222,7 @@ def _no_drafts_note(reason: str, names: list[str], policy: dict | None, blas: st
     note = which + "the cost-aware draft policy (mlx_backend/decode/draft_policy.py) chose k = 0 at every step, "
     if not costs:
         return note + f"the verify costs not being learned yet, {plain}."
-    note += f"no draft length beating a plain step at the learned verify costs {cost_curve(costs)}"
+    note += f"no draft length beating a plain step at the learned verify costs {_some_costs(costs)}"
     if len(costs) > 1 and costs[1] >= 1.5 and (blas or "").startswith("reference"):   # a row costs ~a step
         note += (". With this BLAS verifying k drafted tokens costs about k more steps, as much time as the "
                  "accepted drafts save (mlx's bundled reference BLAS does that; an optimized one, --blas auto, "

@@ -182,6 +182,17 @@ def test_table_says_no_drafts_instead_of_a_speedup():
     assert "bundled reference BLAS" not in optimized and "1.00 2.04 3.09" in optimized  # no claim about this BLAS
 
 
+def test_table_footnote_names_some_of_65_costs():
+    """The cost-aware policy learns c(S) for S = 1..65: the footnote names a few of them in a line or two (the
+    stderr line above the table has every one), where it once repeated all 65."""
+    costs = [1.0 + 0.25 * s for s in range(65)]
+    lines = mlx_cli.format_table([record("free-writing", 0, no_drafts="policy",
+                                         policy={**FLAT_COSTS, "cost_rel": costs})]).splitlines()
+    note = " ".join(line.strip() for line in lines[4:])
+    assert "c(S)/c(1) at S = 1, 2, 3, 5, 9, 17, 33, 65 (of 1..65): 1.00 1.25 1.50 2.00 3.00 5.00 9.00 17.00;" in note
+    assert "1.75" not in note and len(lines[4:]) <= 4, lines[4:]
+
+
 @pytest.mark.parametrize("reason, policy, says, not_says", [
     ("no-proposal", None, "the drafter found nothing to propose", "draft policy"),
     ("no-room", None, "no draft fitted before --max-tokens", "draft policy"),
