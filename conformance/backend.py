@@ -75,6 +75,9 @@ def resolve(spec: str | None = None) -> Backend:
     """
     from mlx_backend.machine.backends import default_backend, import_object
 
+    if spec is not None and not spec.strip():
+        raise ValueError(f"an empty backend name names no backend: give one (mlx, reference or module.path:object), "
+                         f"or leave the option out for ${ENV} or the default")
     spec = spec or os.environ.get(ENV) or default_backend()
     impl = import_object(spec, BUILTIN.get(spec, spec))
     if not any(getattr(impl, n, None) is not None for n in PROTOCOL):

@@ -11,6 +11,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import numpy as np
 from hypothesis import strategies as st
 
 ARCHS = ("qwen3_5", "qwen3_next", "llama", "llama_sliding")  # every architecture of reference.models.tiny
@@ -42,6 +43,19 @@ def load(impl, arch: str, seed: int):
     if key not in _loaded:
         _loaded[key] = impl.load_model(str(model_dir(arch, seed)))
     return _loaded[key]
+
+
+def reference_logits(model, tokens) -> np.ndarray:
+    """The NumPy reference's logits (float64, a row per token) for ``tokens`` fed whole from an empty state,
+    on the weights of ``model`` (a model :func:`load` gave any backend): the outside truth that the model
+    areas compare a backend's own logits with, and prove near-ties and sampling laws on."""
+    import conformance.adapters.reference as reference
+
+    key = next((k for k, m in _loaded.items() if m is model), None)
+    if key is None:
+        raise ValueError("reference_logits takes a model that conformance.models.load returned")
+    ref = load(reference, key[1], key[2])
+    return np.asarray(reference.forward(ref, list(tokens), reference.make_cache(ref)), dtype=np.float64)
 
 
 models = st.tuples(st.sampled_from(ARCHS), st.sampled_from(SEEDS))

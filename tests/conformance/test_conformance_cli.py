@@ -175,6 +175,43 @@ def test_pytest_entry_point_refuses_a_bad_seed_or_backend_in_one_line():
         assert p.returncode == 4 and message in p.stdout and "Traceback" not in p.stdout, p.stdout[-2000:]
 
 
+def pytest_conformance(env, *args):
+    return subprocess.run([sys.executable, "-m", "pytest", "--pyargs", "conformance", "-q", "-p", "no:cacheprovider",
+                           *args], capture_output=True, text=True, cwd=ROOT, timeout=300, env={**os.environ, **env})
+
+
+def test_pytest_entry_point_names_the_backend_and_fails_a_run_that_checked_nothing():
+    """The first test prints the backend under test and where its name came from (before: nothing, so a
+    misspelt variable ran mlx unseen); a selection whose checks all skip exits 5 with a line (before: 0,
+    "1 skipped"), as python -m conformance refuses it."""
+    p = pytest_conformance({"NGRAM_SPEC_BACKEND": "reference"}, "-k", "drafting.long_drafts")
+    assert p.returncode == 0, p.stdout[-2000:]
+    assert "conformance: backend 'reference' (conformance.adapters.reference) ($NGRAM_SPEC_BACKEND)" in p.stdout
+    p = pytest_conformance({"NGRAM_SPEC_BACKEND": "reference"}, "-k", "sampling")   # the reference does not sample
+    assert p.returncode == 5, p.stdout[-2000:]
+    assert "conformance: no selected check ran against backend 'reference'" in p.stdout, p.stdout[-2000:]
+
+
+@pytest.mark.parametrize("value, ok", [("false", True), ("off", True), ("TRUE", True), ("maybe", False)])
+def test_pytest_entry_point_reads_thorough_as_a_yes_or_no(value, ok):
+    """NGRAM_SPEC_CONFORMANCE_THOROUGH=false meant the thorough run (anything but "" and "0" did); now the
+    usual words for yes and no, anything else one line and exit 4."""
+    from conformance.test_conformance import read_options
+
+    env = {"NGRAM_SPEC_BACKEND": "reference", "NGRAM_SPEC_CONFORMANCE_THOROUGH": value}
+    if not ok:
+        p = pytest_conformance(env, "-k", "drafting.long_drafts")
+        assert p.returncode == 4 and "NGRAM_SPEC_CONFORMANCE_THOROUGH must be 1, true" in p.stdout, p.stdout[-2000:]
+        return
+    assert read_options(env).thorough == (value.lower() in ("true", "on"))
+
+
+def test_an_empty_backend_name_is_refused(capsys):
+    """``--backend ""`` silently ran the default backend."""
+    assert conformance_main(["--backend", " ", "--area", "counts"]) == 2
+    assert "an empty backend name names no backend" in capsys.readouterr().err
+
+
 def test_environment_variable_selects_the_backend():
     p = run("--check", "drafting.long_drafts_and_negative_lengths", "--seed", "1",
             env={"NGRAM_SPEC_BACKEND": "example_backends:drafter_only"})

@@ -35,7 +35,7 @@ def test_python_snippets_run_and_print_what_the_page_says():
 def test_every_check_is_listed_under_its_area():
     table = section("The areas and where their expected values come from")
     for area, title in AREAS.items():
-        row = next(line for line in table.splitlines() if line.startswith(f"| {title} |"))
+        row = next(line for line in table.splitlines() if line.startswith(f"| {title} (`--area {area}`) |"))
         assert set(re.findall(r"`([a-z_]+\.[a-z0-9_]+)`", row)) == {c.id for c in all_checks() if c.area == area}
 
 

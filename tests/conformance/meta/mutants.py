@@ -314,6 +314,46 @@ def gdn_rolled_back_by_recompute():
     return attribute(rollback, "gdn_projections", lambda layer: None)
 
 
+def forward_ignores_its_state():
+    """The MLX adapter's forward runs each call's tokens from an empty state (its cache keeps nothing and
+    reports no ``offset``): compared only with itself, fed one token at a time, it looks consistent."""
+    import types
+
+    import conformance.adapters.mlx as adapter
+
+    forward, make_cache = adapter.forward, adapter.make_cache
+    stack = contextlib.ExitStack()
+    stack.enter_context(attribute(adapter, "make_cache", lambda model: types.SimpleNamespace(model=model)))
+    stack.enter_context(attribute(adapter, "forward", lambda model, tokens, cache: forward(model, tokens,
+                                                                                           make_cache(model))))
+    stack.enter_context(attribute(adapter, "keep", lambda cache, m: None))
+    return stack
+
+
+def near_tie_vouched_by_own_logits():
+    """The MLX backend emits the draft that greedy rejected in place of the model's own token, and its adapter's
+    forward returns all-zero logits: every top-2 gap of its own logits is 0, so a near-tie proof on them would
+    excuse every difference."""
+    import numpy as np
+
+    import conformance.adapters.mlx as adapter
+    import mlx_backend.decode.generate as generate
+
+    verify, forward = generate.verify_drafts, adapter.forward
+
+    def rejected_draft_emitted(logits, drafts, sampler=None, logits_processors=None, history=None):
+        emitted, logprobs, n = verify(logits, drafts, sampler, logits_processors, history)
+        if n < len(drafts):
+            emitted = list(emitted[:n]) + [int(drafts[n])]
+        return emitted, logprobs, n
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(attribute(generate, "verify_drafts", rejected_draft_emitted))
+    stack.enter_context(attribute(adapter, "forward", lambda model, tokens, cache: np.zeros_like(
+        forward(model, tokens, cache))))
+    return stack
+
+
 # -- generation ----------------------------------------------------------------------------------
 
 def eos_first_not_checked():
@@ -558,6 +598,11 @@ MUTANTS = {
     "GatedDeltaNet rolled back by re-running": (gdn_rolled_back_by_recompute, "mlx",
                                                 ["rollback.zero_draft_steps_between_drafted_steps",
                                                  "rollback.keep_m_equals_feeding_m_tokens"]),
+    # 2026-12-08: checks that compared a backend only with itself
+    "forward ignores its state": (forward_ignores_its_state, "mlx", ["rollback.forward_equals_the_reference"]),
+    "a near-tie vouched for by the backend's own logits": (near_tie_vouched_by_own_logits, "mlx",
+                                                           ["greedy.speculative_equals_plain_greedy",
+                                                            "rollback.forward_equals_the_reference"]),
     # suffix drafting (reference/suffix/drafter.py)
     "suffix: the earliest occurrence instead of the latest": (suffix_earliest_occurrence, "reference",
                                                               ["suffix.hand_worked_cases",
