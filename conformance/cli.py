@@ -29,9 +29,11 @@ with some of the protocol members that --list shows and docs/conformance.md defi
 be importable: installed, on PYTHONPATH, or (python -m conformance only) in the current folder.
 
 Each area is reported as passed, failed, skipped, or not applicable (the backend does not provide
-what the area needs). A failure shows the smallest failing example and the seed that reproduces it.
+what the area needs, or its load_model raises NotImplementedError for every tiny model's architecture).
+A failure shows the smallest failing example and the seed that reproduces it.
 The exit code is 1 if any check failed; 2 for a usage error (a bad option, a backend that cannot be
-loaded, or one that none of the selected checks can run on); 0 otherwise.
+loaded, or one that none of the selected checks can run on) and for a run in which no check ran;
+0 otherwise.
 
 Areas: {", ".join(AREAS)}.
 """
@@ -63,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
                          "(or: pip install hypothesis)") from None
     from conformance.checks import all_checks
     from conformance.report import progress_line, summary
-    from conformance.runner import Options, run_suite
+    from conformance.runner import PASSED, Options, run_suite
 
     checks = [c for c in all_checks()
               if (not args.area or c.area in args.area)
@@ -111,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         with atomic_write(args.json, "w") as f:
             json.dump(report.as_dict(), f, indent=2)
             f.write("\n")
-    return 1 if report.failed else 0
+    return 1 if report.failed else 0 if any(r.status == PASSED for r in report.results) else 2
 
 
 @contextlib.contextmanager

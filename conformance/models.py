@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 from hypothesis import strategies as st
 
+from conformance.runner import Unsupported, note, unsupported_models
+
 ARCHS = ("qwen3_5", "qwen3_next", "llama", "llama_sliding")  # every architecture of reference.models.tiny
 SEEDS = (0, 1)
 WINDOW_PREFIX = [40, 41, 42, 43, 44, 45]  # longer than llama_sliding's window of 4: it wraps in the prompt
@@ -38,11 +40,33 @@ def model_dir(arch: str, seed: int) -> Path:
 
 
 def load(impl, arch: str, seed: int):
-    """The backend's model for ``(arch, seed)``, loaded once per backend object."""
+    """The backend's model for ``(arch, seed)``, loaded once per backend object. A backend that does not
+    support ``arch`` says so by raising ``NotImplementedError`` from ``load_model``: :class:`Unsupported`."""
     key = (id(impl), arch, seed)
     if key not in _loaded:
-        _loaded[key] = impl.load_model(str(model_dir(arch, seed)))
+        try:
+            _loaded[key] = impl.load_model(str(model_dir(arch, seed)))
+        except NotImplementedError as exc:
+            raise Unsupported({arch: f"load_model raised NotImplementedError: {exc}" if str(exc) else
+                                      "load_model raised NotImplementedError"}) from None
     return _loaded[key]
+
+
+def supported(impl, archs=ARCHS) -> list[str]:
+    """Those of ``archs`` the backend supports (:func:`load` of seed 0), for checks that loop over
+    architectures; the others are noted in the report. None of them: the check is not applicable."""
+    kept, left_out = [], {}
+    for arch in archs:
+        try:
+            load(impl, arch, 0)
+            kept.append(arch)
+        except Unsupported as exc:
+            left_out.update(exc.reasons)
+    if not kept:
+        raise Unsupported(left_out)
+    if left_out:
+        note(f"not run on {unsupported_models(left_out)}")
+    return kept
 
 
 def reference_logits(model, tokens) -> np.ndarray:

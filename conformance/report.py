@@ -44,8 +44,11 @@ def summary(report: Report, rerun: str) -> str:
                 lines.append(_block("smallest failing example: ", r.example))
             lines.append(f"    reproduce: {rerun} --seed {r.seed} --check {r.id}")
     n = len(report.results)
+    ran = sum(r.status == PASSED for r in report.results)
     verdict = (f"FAILED: {len(failures)} of {n} checks failed" if failures
-               else f"PASSED: no check failed ({sum(r.status == PASSED for r in report.results)} of {n} ran and passed)")
+               else f"PASSED: no check failed ({ran} of {n} ran and passed)" if ran
+               else f"NOTHING CHECKED: none of the {n} checks ran (each skipped or not applicable), and a run that "
+                    f"checks nothing does not pass")
     lines += ["", f"{verdict}; {report.seconds:.1f} s; seed {report.seed}"
                   f"{'; thorough' if report.thorough else ''}."]
     return "\n".join(lines)

@@ -26,6 +26,16 @@ class Skip(Exception):
     """Raised by a check that cannot run here (e.g. an optional file is absent): reported as skipped."""
 
 
+class Unsupported(Exception):
+    """A model architecture the backend does not support: its ``load_model`` raised ``NotImplementedError``
+    (the protocol's way to say so). A property check draws other examples instead, and the report notes
+    what was left out; a check that has no other model to run on is not applicable."""
+
+    def __init__(self, reasons: dict[str, str]):
+        super().__init__(unsupported_models(reasons))
+        self.reasons = reasons  # architecture -> why
+
+
 @dataclass
 class Options:
     seed: int = field(default_factory=lambda: random.randrange(2**31))
@@ -83,22 +93,40 @@ def run_check(check: Check, backend: Backend, options: Options) -> CheckResult:
         return result
     failing: list[str] = []  # the examples that failed, in the order hypothesis ran them
     t0 = time.perf_counter()
+    unsupported: dict[str, str] = {}  # architecture -> why, for the examples left out
     try:
-        _call(check, backend.impl, options, failing)
+        _call(check, backend.impl, options, failing, unsupported)
     except Skip as exc:
         result.status, result.message = SKIPPED, str(exc)
+    except Unsupported as exc:
+        result.status, result.message = NOT_APPLICABLE, str(exc)
+    except hypothesis.errors.Unsatisfiable:
+        if not unsupported:
+            raise
+        result.status, result.message = NOT_APPLICABLE, unsupported_models(unsupported)
     except Exception as exc:  # noqa: BLE001 - any exception is the check failing
         result.status = FAILED
         result.message = _describe(exc)
         result.example = failing[-1] if failing else ""
         result.seed = options.seed
     result.seconds = round(time.perf_counter() - t0, 3)
+    if result.status == PASSED and unsupported:
+        note(f"examples drawn without {unsupported_models(unsupported)}")
     result.notes = list(_notes)
     return result
 
 
-def _call(check: Check, impl: object, options: Options, failing: list[str]) -> None:
-    """Run ``check``; a property check appends each example that fails to ``failing``.
+def unsupported_models(reasons: dict[str, str]) -> str:
+    """``{architecture: why}`` in words: "the tiny qwen3_5, qwen3_next models, which the backend does not
+    support (load_model raised NotImplementedError: ...)", the first reason given."""
+    first = reasons[min(reasons)]
+    return (f"the tiny {', '.join(sorted(reasons))} models, which the backend does not support "
+            f"({first}{'; ...' if len(set(reasons.values())) > 1 else ''})")
+
+
+def _call(check: Check, impl: object, options: Options, failing: list[str], unsupported: dict[str, str]) -> None:
+    """Run ``check``; a property check appends each example that fails to ``failing``, and rejects (draws
+    again instead of) each example on a model the backend does not support, named in ``unsupported``.
 
     Hypothesis replays the shrunk example last before it raises, so ``failing[-1]`` is the smallest
     failing example: recorded from the drawn arguments themselves, not from hypothesis's report
@@ -112,6 +140,9 @@ def _call(check: Check, impl: object, options: Options, failing: list[str]) -> N
         example = _example_call(check.name, drawn)  # before the call: a backend may mutate its inputs
         try:
             check.fn(impl, **drawn)
+        except Unsupported as exc:
+            unsupported.update(exc.reasons)
+            hypothesis.reject()
         except Exception:
             failing.append(example)
             raise

@@ -104,7 +104,7 @@ def drafts_do_not_change_the_distribution(impl):
     fourth (the bonus token) p4; with the single draft [d2], the third token is the bonus token, of law p3
     (reached often enough to test). The temperature puts p2's top token at 0.2..0.8, so acceptance and
     rejection both occur."""
-    arch = "qwen3_5"
+    arch = models.supported(impl)[0]   # qwen3_5 for a backend that supports every architecture
     model = models.load(impl, arch, 0)
     prompt, T = pick_prompt_and_temperature(model)
     d1 = int(np.argmax(probs(model, prompt, T)))

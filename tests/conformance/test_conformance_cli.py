@@ -147,6 +147,25 @@ def test_a_run_that_no_selected_check_can_run_on_is_refused(monkeypatch, capsys)
             "'example_backends:drafter_only' lacks (it provides only NgramDrafter)") in captured.err, captured.err
 
 
+def test_a_backend_declines_an_architecture_with_not_implemented_error(monkeypatch, capsys):
+    """A port that runs llama models only raises NotImplementedError from load_model for the others: the model
+    checks run on llama and say what they left out (before: 10 of 12 failed with "raised NotImplementedError");
+    a port that runs no model yet gets the model areas not applicable and exit 2, nothing checked."""
+    monkeypatch.syspath_prepend(str(META))
+    args = ["--seed", "1", "--examples", "5", "--area", "rollback", "--area", "greedy"]
+    assert conformance_main(["--backend", "example_backends:llama_only", *args]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "PASSED: no check failed (13 of 14 ran and passed)" in out, out[-3000:]
+    assert ("greedy.draft_max_0_is_plain_decoding: not run on the tiny qwen3_5, qwen3_next models, which the "
+            "backend does not support (load_model raised NotImplementedError: this backend supports only llama, "
+            "not qwen3_5; ...)") in out, out[-3000:]
+    assert "rollback.forward_equals_the_reference: examples drawn without the tiny qwen3_5, qwen3_next models" in out
+    assert conformance_main(["--backend", "example_backends:no_models", *args]) == 2
+    out = " ".join(capsys.readouterr().out.split())
+    assert "state rollback not applicable 4 not applicable (the tiny llama, llama_sliding, qwen3_5, qwen3_next" in out
+    assert "NOTHING CHECKED: none of the 14 checks ran" in out and "PASSED" not in out, out[-3000:]
+
+
 def test_the_rule_shown_is_the_whole_first_paragraph(capsys):
     """A rule whose first sentence spans lines is shown whole (before: cut at its first source line,
     "...; a sum past")."""
