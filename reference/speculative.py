@@ -39,6 +39,12 @@ import numpy as np
 from reference.ngram.tokens import is_whole
 
 REFERENCE_DRAFT_MAX = 16  # the reference's fixed draft length: llama.cpp's --draft-max default
+#: The largest fixed draft length a generation takes (``generate --draft-max``, ``serve --draft-max``, the mlx
+#: backend's ``draft_max``): a verify forward over 1 + k tokens holds (1 + k) x vocabulary float32 logits and k
+#: positions of every layer's state (at 1024 and a 152 k vocabulary, 620 MB of logits alone); past it memory,
+#: not speed, decides (draft_max = 10^5 ran a 24 GB machine out of memory, 10^9 asked for a 3.7 GiB draft
+#: buffer), and no drafter's draft has been worth more than 64 (docs/suffix.md).
+DRAFT_MAX_LIMIT = 1024
 
 
 @dataclass

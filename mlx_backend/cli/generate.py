@@ -13,7 +13,7 @@ from mlx_backend.cli.prompts import read_stdin_prompt
 from mlx_backend.machine.blas import add_option as add_blas_option  # stdlib only: no mlx needed
 from reference.atomic import check_outputs
 from reference.sampling import check_sampling
-from reference.speculative import REFERENCE_DRAFT_MAX
+from reference.speculative import DRAFT_MAX_LIMIT, REFERENCE_DRAFT_MAX
 from reference.suffix.auto import DEFAULT_DRAFTER, DRAFTERS
 
 GENERATE_EXAMPLES = """\
@@ -165,7 +165,8 @@ def check_generate_args(args) -> None:
         args.backend = default_backend(strict=True)
     check_sampling(args.temp, args.top_p, args.min_p, args.top_k, args.min_tokens_to_keep, cli=True)
     rules = (("--max-tokens", args.max_tokens, args.max_tokens >= 1, "at least 1"),
-             ("--draft-max", args.draft_max, args.draft_max is None or args.draft_max >= 0, ">= 0"),
+             ("--draft-max", args.draft_max, args.draft_max is None or 0 <= args.draft_max <= DRAFT_MAX_LIMIT,
+              f"in 0..{DRAFT_MAX_LIMIT} (a verify forward's memory grows with it)"),
              ("--max-kv-size", args.max_kv_size, args.max_kv_size is None or args.max_kv_size >= 1, "at least 1"),
              ("--seed", args.seed, args.seed is None or 0 <= args.seed < 2**64, "in 0..2**64-1 (mx.random.seed's range)"))
     for flag, value, ok, rule in rules:

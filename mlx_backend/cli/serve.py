@@ -20,6 +20,7 @@ from mlx_backend.ngram.dynamic_cache import DYNAMIC_MAX_ENTRIES, check_max_entri
 from reference.atomic import check_outputs
 from reference.sampling import check_sampling
 from reference.suffix.auto import DEFAULT_DRAFTER, DRAFTERS
+from reference.speculative import DRAFT_MAX_LIMIT
 from reference.suffix.drafter import HISTORY_MAX_TOKENS
 
 if importlib.util.find_spec("mlx_lm") is None:
@@ -42,8 +43,9 @@ def check_args(args) -> None:
     """The checks the parser cannot make, before anything is loaded (or re-run with a fast BLAS)."""
     if args.max_tokens < 1:
         raise ValueError(f"--max-tokens must be at least 1, got {args.max_tokens}")
-    if args.draft_max is not None and args.draft_max < 0:
-        raise ValueError(f"--draft-max must be >= 0 (0: plain decoding), got {args.draft_max}")
+    if args.draft_max is not None and not 0 <= args.draft_max <= DRAFT_MAX_LIMIT:
+        raise ValueError(f"--draft-max must be in 0..{DRAFT_MAX_LIMIT} (0: plain decoding; a verify forward's memory "
+                         f"grows with it), got {args.draft_max}")
     if args.drafter not in DRAFTERS:
         raise ValueError(f"--drafter must be one of {', '.join(DRAFTERS)}, got {args.drafter!r}")
     if args.max_users < 0:

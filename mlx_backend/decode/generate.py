@@ -27,7 +27,7 @@ from mlx_backend.decode.sampling import greedy, verify_drafts
 from reference.drafter import Drafter
 from reference.ngram.tokens import is_whole
 from reference.suffix.auto import DEFAULT_DRAFTER, DRAFTERS
-from reference.speculative import in_vocab
+from reference.speculative import DRAFT_MAX_LIMIT, in_vocab
 
 
 @dataclass
@@ -182,8 +182,12 @@ class _Run:
         check_prompt(self.prompt, model)
         if draft_max is not None and not is_whole(draft_max):
             raise TypeError(f"draft_max must be a whole number or None (auto), got {draft_max!r}")
-        if draft_max is not None and draft_max < 0:
-            raise ValueError(f"draft_max must be >= 0 or None (auto), got {draft_max}")
+        if draft_max is not None and not 0 <= draft_max <= DRAFT_MAX_LIMIT:
+            raise ValueError(f"draft_max must be in 0..{DRAFT_MAX_LIMIT} (the verify forward's memory grows with it; "
+                             f"reference.speculative.DRAFT_MAX_LIMIT) or None (auto), got {draft_max}")
+        if draft_max is not None and draft_policy is not None:
+            raise ValueError("draft_max fixes the draft length and draft_policy chooses it: give one of them "
+                             "(draft_max=None with a draft_policy)")
         for name, value in (("max_tokens", max_tokens), ("prefill_step_size", prefill_step_size)):
             if not is_whole(value):
                 raise TypeError(f"{name} must be a whole number, got {value!r}")

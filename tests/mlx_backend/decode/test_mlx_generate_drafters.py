@@ -115,6 +115,24 @@ def test_a_cache_the_drafter_would_not_read_is_refused(qwen):
     assert spec(model, drafter="auto", history=history)[0] == plain   # auto reads all three
 
 
+def test_a_draft_max_past_the_limit_or_beside_a_policy_is_refused(qwen):
+    """draft_max=10**5 with max_tokens=-1 ran the machine out of memory (verify forwards that wide), 10**9 asked
+    the auto drafter for a 3.7 GiB buffer; a draft_policy given with a draft_max was ignored. Both are now a
+    ValueError before any forward; the limit itself is accepted."""
+    from mlx_backend.decode.draft_policy import DraftPolicy
+
+    model, plain, _ = qwen
+    for draft_max in (1025, 10**9):
+        with pytest.raises(ValueError, match=r"draft_max must be in 0\.\.1024 \(the verify forward's memory"):
+            next(ngram_speculative_generate_step(mx.array(PROMPT), model, max_tokens=-1, draft_max=draft_max))
+    with pytest.raises(ValueError, match="draft_max fixes the draft length and draft_policy chooses it"):
+        next(ngram_speculative_generate_step(mx.array(PROMPT), model, max_tokens=N, draft_max=4,
+                                             draft_policy=DraftPolicy([1.0, 1.1, 1.2])))
+    at_the_limit = [t for t, _, _ in ngram_speculative_generate_step(mx.array(PROMPT), model, max_tokens=N,
+                                                                     draft_max=1024)]
+    assert at_the_limit == plain
+
+
 def test_arguments_of_the_wrong_type_are_named(qwen):
     """Before: float prompt ids were truncated and generated from silently; draft_max 2.5 or "8" and a
     drafter that is no Drafter failed deep inside (slice indices, comparison, ``'int' object has no

@@ -594,7 +594,9 @@ def test_a_port_in_use_or_an_unknown_host_is_one_line_before_the_model_loads(cap
     (["--min-p", "5"], "--min-p must be in [0, 1] (0 = off), got 5.0"),
     (["--prompt-cache-size", "-1"], "--prompt-cache-size must be >= 0"),
     (["--max-tokens", "0"], "--max-tokens must be at least 1, got 0"),
-    (["--draft-max", "-1"], "--draft-max must be >= 0 (0: plain decoding), got -1"),
+    (["--draft-max", "-1"], "--draft-max must be in 0..1024 (0: plain decoding; a verify forward's memory grows "
+                            "with it), got -1"),
+    (["--draft-max", "1025"], "--draft-max must be in 0..1024"),   # before: accepted, each verify forward that wide
     (["--decode-concurrency", "0"], "--decode-concurrency must be at least 1 (1: one request at a time), got 0"),
     (["--port", "0"], "--port must be in 1..65535, got 0"),
     (["--port", "65536"], "--port must be in 1..65535, got 65536"),
