@@ -460,6 +460,34 @@ def ngram_speculative_generate_step(
         run.close()
 
 
+def generate(model: nn.Module, tokenizer, prompt, verbose: bool = False, **kwargs) -> Optional[str]:
+    """``mlx_lm.generate`` with n-gram speculative decoding: the whole response's text. ``kwargs`` go to
+    :func:`stream_generate`. With ``verbose``, mlx-lm's printout (the text as it comes, then the prompt and
+    generation token rates and the peak memory; nothing returned when no text came, as mlx-lm) and one line of
+    the drafts: accepted of drafted, tokens per forward pass (from ``stats``, a :class:`SpecStats` made here
+    unless given)."""
+    stats = kwargs.setdefault("stats", SpecStats()) if verbose else None
+    if verbose:
+        print("=" * 10)
+    text, response = "", None
+    for response in stream_generate(model, tokenizer, prompt, **kwargs):
+        if verbose:
+            print(response.text, end="", flush=True)
+        text += response.text
+    if verbose:
+        print()
+        print("=" * 10)
+        if len(text) == 0:
+            print("No text generated for this prompt")
+            return None
+        print(f"Prompt: {response.prompt_tokens} tokens, {response.prompt_tps:.3f} tokens-per-sec")
+        print(f"Generation: {response.generation_tokens} tokens, {response.generation_tps:.3f} tokens-per-sec")
+        print(f"Drafts: {stats.n_accept} of {stats.n_drafted} accepted, {stats.tokens_per_forward:.2f} tokens per "
+              f"forward pass")
+        print(f"Peak memory: {response.peak_memory:.3f} GB")
+    return text
+
+
 def stream_generate(model: nn.Module, tokenizer, prompt, max_tokens: int = 256, draft_model: Optional[nn.Module] = None,
                     stream=generation_stream, **kwargs) -> Generator[GenerationResponse, None, None]:
     """``mlx_lm.stream_generate`` with n-gram speculative decoding; yields ``GenerationResponse``.
@@ -483,7 +511,7 @@ def stream_generate(model: nn.Module, tokenizer, prompt, max_tokens: int = 256, 
             raise TypeError(f"tokenizer must be mlx-lm's TokenizerWrapper or a Hugging Face tokenizer (the second "
                             f"value of mlx_backend.load or mlx_lm.load), got {type(tokenizer).__name__}")
         tokenizer = TokenizerWrapper(tokenizer)
-    if not isinstance(prompt, (str, mx.array, Iterable)):
+    if isinstance(prompt, (bytes, bytearray)) or not isinstance(prompt, (str, mx.array, Iterable)):
         raise TypeError(f"the prompt must be text, an mx.array or a sequence of integer token ids, got "
                         f"{type(prompt).__name__}")
     if not isinstance(prompt, mx.array):

@@ -149,7 +149,8 @@ class SuffixDrafter:
                  max_match: int = MAX_MATCH, ladder: Sequence[int] = LADDER):
         self.ladder = check_settings(factor, max_match, ladder)
         if history is not None and not isinstance(history, SuffixHistory):
-            raise TypeError(f"history must be a {__name__}.SuffixHistory, got {type(history).__name__}")
+            raise TypeError(f"history must be a {__name__}.SuffixHistory, got "
+                            f"{type(history).__module__}.{type(history).__qualname__}")
         self.history, self.factor, self.max_match = history, factor, max_match
         self._factor = float(factor)
         lengths = [m for m in self.ladder if m <= max_match]  # the lengths the rule can choose

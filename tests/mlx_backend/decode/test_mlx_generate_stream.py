@@ -192,3 +192,33 @@ def test_mlx_lm_s_keywords_at_their_defaults_are_taken_and_the_rest_refused(tmp_
             next(step(**bad))
         with pytest.raises(ValueError, match=word):
             next(stream_generate(model, tokenizer, "abcab", 4, **bad))
+
+
+def test_generate_returns_mlx_lm_s_text_and_prints_its_lines_and_the_drafts(tmp_root, capsys):
+    """``mlx_backend.generate`` stands in for ``mlx_lm.generate`` (a probe: there was none, so code calling
+    ``generate(model, tokenizer, prompt, verbose=True)`` had to be rewritten): the same text, mlx-lm's printed
+    lines, and one line of the drafts."""
+    from mlx_backend import generate
+
+    model, tokenizer = loaded("llama", tmp_root)
+    want = mlx_lm.generate(model, tokenizer, "xyzzy xyzzy xyzzy", max_tokens=24, sampler=argmax_sampler)
+    got = generate(model, tokenizer, "xyzzy xyzzy xyzzy", max_tokens=24, draft_max=4)
+    assert got == want and len(got) > 0
+    assert capsys.readouterr().out == ""
+    stats = SpecStats()
+    assert generate(model, tokenizer, "xyzzy xyzzy xyzzy", verbose=True, max_tokens=24, draft_max=4,
+                    stats=stats) == want
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "=" * 10 and out[1] == want and out[2] == "=" * 10, out
+    assert out[3].startswith("Prompt: ") and out[4].startswith("Generation: 24 tokens, "), out
+    assert out[5] == (f"Drafts: {stats.n_accept} of {stats.n_drafted} accepted, {stats.tokens_per_forward:.2f} "
+                      f"tokens per forward pass") and stats.n_drafted > 0, out
+    assert out[6].startswith("Peak memory: ") and len(out) == 7, out
+
+
+def test_a_bytes_prompt_is_refused(tmp_root):
+    """b"hello" was read as the token ids 104, 101, ... (the docstring: neither text nor ids is a TypeError)."""
+    model, tokenizer = loaded("llama", tmp_root)
+    with pytest.raises(TypeError, match="the prompt must be text, an mx.array or a sequence of integer token ids, "
+                                        "got bytes"):
+        next(stream_generate(model, tokenizer, b"hello", max_tokens=4))
