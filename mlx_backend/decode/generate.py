@@ -10,7 +10,9 @@ Where drafting does not pay, it decodes plainly, pipelined like ``mlx_lm.generat
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generator, Optional, Union
@@ -235,6 +237,7 @@ class _Run:
         # consumer got, history[:len(prompt) + n_out] (a step's tokens are learned before they are yielded)
         self.n_cached = 0
         self.t_start = time.perf_counter()
+        self.t_before = self.stats.t_total   # a SpecStats given to several runs adds them all up
 
     def more(self) -> bool:
         return self.max_tokens < 0 or self.n_out < self.max_tokens
@@ -305,7 +308,7 @@ class _Run:
         stats.n_forward += 1
         stats.n_proposed += len(proposal)
         stats.n_tokens += len(emitted)
-        stats.t_total = time.perf_counter() - self.t_start
+        stats.t_total = self.t_before + time.perf_counter() - self.t_start
 
     def count_verify(self, k: int, n_accept: int, seconds: float) -> None:
         self.policy.observe_cost(1 + k, seconds)
@@ -390,7 +393,7 @@ class _Run:
             self.n_cached += 1
 
     def close(self) -> None:
-        self.stats.t_total = time.perf_counter() - self.t_start
+        self.stats.t_total = self.t_before + time.perf_counter() - self.t_start
         self.stats.policy = self.policy.summary()   # at the end: ~0.2 ms a step if done every step (k = 64)
         if self.verifier is not None:
             self.verifier.close()
@@ -398,6 +401,34 @@ class _Run:
             save_costs(self.learned)
 
 
+#: prompt_cache[0] -> the generator of the run that last started on that cache (weakly: collected runs drop out)
+_RUN_ON_CACHE: "weakref.WeakKeyDictionary[Any, weakref.ref]" = weakref.WeakKeyDictionary()
+
+
+def _one_open_run_per_cache(steps):
+    """A run that starts on a ``prompt_cache`` first closes the run still open on it, if any: one kept in a
+    variable and left by a ``break`` stays open until collected, its cache holding drafts it verified but never
+    yielded, and the next turn on that cache would read them (a probe: different tokens from mlx-lm's). Closed,
+    that run cuts the cache back to what it yielded (:meth:`_Run.finish`) and yields nothing more."""
+    @functools.wraps(steps)
+    def start(*args, **kwargs):
+        gen = steps(*args, **kwargs)
+        cache = kwargs.get("prompt_cache")
+        try:
+            key = cache[0] if cache else None
+            before = _RUN_ON_CACHE.get(key) if key is not None else None
+            if key is not None:
+                _RUN_ON_CACHE[key] = weakref.ref(gen)
+        except TypeError:   # a cache entry that takes no weak reference: nothing to track
+            return gen
+        stale = before() if before is not None else None
+        if stale is not None:
+            stale.close()
+        return gen
+    return start
+
+
+@_one_open_run_per_cache
 def ngram_speculative_generate_step(
     prompt: mx.array,
     model: nn.Module,

@@ -222,3 +222,42 @@ def test_a_bytes_prompt_is_refused(tmp_root):
     with pytest.raises(TypeError, match="the prompt must be text, an mx.array or a sequence of integer token ids, "
                                         "got bytes"):
         next(stream_generate(model, tokenizer, b"hello", max_tokens=4))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3_5"])
+def test_a_run_left_open_on_a_prompt_cache_is_closed_by_the_next_turn(arch, tmp_root):
+    """A generator kept in a variable and left by a break stayed open, its cache holding verified drafts it never
+    yielded; the next turn on that cache read them and gave other tokens than mlx-lm's (a probe: offset 49
+    against 46). The next turn now closes it first: the same tokens and cache offset as mlx-lm's."""
+    model, tokenizer = loaded(arch, tmp_root)
+    turns = ("abcabcabcabcabcabc", "abcabc")
+
+    def two_turns(generate, **kw):
+        cache = make_prompt_cache(model)
+        first = generate(model, tokenizer, turns[0], max_tokens=20, prompt_cache=cache, **kw)
+        for i, _ in enumerate(first):
+            if i == 1:
+                break
+        second = [r.token for r in generate(model, tokenizer, turns[1], max_tokens=8, prompt_cache=cache, **kw)]
+        return second, next(c.offset for c in cache if hasattr(c, "offset")), first   # an attention layer's
+
+    want, offset, _ = two_turns(mlx_lm.stream_generate, sampler=argmax_sampler)
+    got, got_offset, first = two_turns(stream_generate, draft_max=4, drafter="suffix")
+    assert (got, got_offset) == (want, offset)
+    assert len(list(first)) <= 1   # ended by the second: at most the response stream_generate held back
+
+
+def test_one_spec_stats_over_two_runs_adds_their_times_as_their_counts(tmp_root):
+    """A probe reused one SpecStats for two runs: the counts added up but t_total was the last run's, so
+    n_tokens / t_total came out about twice the real rate."""
+    import time
+
+    model, tokenizer = loaded("llama", tmp_root)
+    stats = SpecStats()
+    list(stream_generate(model, tokenizer, "xyzzy xyzzy", max_tokens=12, draft_max=4, stats=stats))
+    n1, t1 = stats.n_tokens, stats.t_total
+    t0 = time.perf_counter()
+    list(stream_generate(model, tokenizer, "xyzzy xyzzy", max_tokens=12, draft_max=4, stats=stats))
+    wall = time.perf_counter() - t0
+    assert stats.n_tokens == 2 * n1
+    assert t1 + 0.5 * wall <= stats.t_total <= t1 + wall, (t1, wall, stats.t_total)
