@@ -24,7 +24,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from mlx_backend.decode.draft_policy import DEFAULT_K_MAX, DraftPolicy, FixedDraftLength, learned_costs, save_costs
-from mlx_backend.decode.rollback import VerifyCache
+from mlx_backend.decode.rollback import GDN_PATHS, VerifyCache
 from mlx_backend.decode.sampling import greedy, verify_drafts
 from reference.drafter import Drafter
 from reference.ngram.tokens import is_whole
@@ -187,6 +187,8 @@ class _Run:
         if draft_max is not None and not 0 <= draft_max <= DRAFT_MAX_LIMIT:
             raise ValueError(f"draft_max must be in 0..{DRAFT_MAX_LIMIT} (the verify forward's memory grows with it; "
                              f"reference.speculative.DRAFT_MAX_LIMIT) or None (auto), got {draft_max}")
+        if gdn_path is not None and gdn_path not in GDN_PATHS:   # checked with draft_max=0 too: not ignored unseen
+            raise ValueError(f"gdn_path must be one of {GDN_PATHS} or None (by device), got {gdn_path!r}")
         if draft_max is not None and draft_policy is not None:
             raise ValueError("draft_max fixes the draft length and draft_policy chooses it: give one of them "
                              "(draft_max=None with a draft_policy)")

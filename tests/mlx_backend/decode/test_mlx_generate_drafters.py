@@ -128,6 +128,10 @@ def test_a_draft_max_past_the_limit_or_beside_a_policy_is_refused(qwen):
     with pytest.raises(ValueError, match="draft_max fixes the draft length and draft_policy chooses it"):
         next(ngram_speculative_generate_step(mx.array(PROMPT), model, max_tokens=N, draft_max=4,
                                              draft_policy=DraftPolicy([1.0, 1.1, 1.2])))
+    for draft_max in (0, 4):   # with draft_max=0 a misspelt gdn_path ran (unused), with 4 it was refused
+        with pytest.raises(ValueError, match="gdn_path must be one of"):
+            next(ngram_speculative_generate_step(mx.array(PROMPT), model, max_tokens=N, draft_max=draft_max,
+                                                 gdn_path="state"))
     at_the_limit = [t for t, _, _ in ngram_speculative_generate_step(mx.array(PROMPT), model, max_tokens=N,
                                                                      draft_max=1024)]
     assert at_the_limit == plain
