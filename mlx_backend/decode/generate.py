@@ -180,6 +180,9 @@ class _Run:
     def __init__(self, prompt, model, *, max_tokens, sampler, logits_processors, prompt_cache, prefill_step_size,
                  draft_max, drafter, c_st, c_dyn, stats, draft_policy, gdn_path, suffix_history=None,
                  max_kv_size=None, prompt_progress_callback=None, stream=generation_stream):
+        if not callable(model) or not hasattr(model, "layers"):   # mlx-lm's models (and wrappers of them) list layers
+            raise TypeError(f"model must be an mlx-lm language model (the first value of mlx_backend.load or "
+                            f"mlx_lm.load: an nn.Module with layers), got {type(model).__name__}")
         self.prompt = as_token_ids(prompt)
         check_prompt(self.prompt, model)
         if draft_max is not None and not is_whole(draft_max):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import mlx.core as mx
+import mlx.nn as nn
 import pytest
 from mlx_lm.generate import generate_step
 
@@ -160,4 +161,8 @@ def test_arguments_of_the_wrong_type_are_named(qwen):
         kwargs = {"prompt": mx.array(PROMPT), "draft_max": 4, "max_tokens": N, **kwargs}
         with pytest.raises(TypeError, match=message):
             next(ngram_speculative_generate_step(kwargs.pop("prompt"), model, **kwargs))
+    # before: 'NoneType' object has no attribute 'named_modules', 'Linear' object has no attribute 'layers'
+    for not_a_model, name in ((None, "NoneType"), (nn.Linear(4, 4), "Linear")):
+        with pytest.raises(TypeError, match=f"model must be an mlx-lm language model .*, got {name}"):
+            next(ngram_speculative_generate_step(mx.array(PROMPT), not_a_model, max_tokens=N))
 
