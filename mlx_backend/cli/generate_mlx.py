@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import threading
+from pathlib import Path
 
 import mlx.core as mx
 
@@ -119,6 +120,9 @@ class LocalRun:
     def prompt(self, prompt: list[int]) -> list[int]:
         return prompt
 
+    def agree(self, settings: dict) -> None:
+        pass
+
     def spec_kwargs(self, model, *, sampler, draft_max, drafter, c_st, c_dyn) -> dict:
         return dict(model=model, sampler=sampler, draft_max=draft_max, drafter=drafter)
 
@@ -145,6 +149,12 @@ def _load(args):
 
         run = cli_run(args.shard_timeout)
     model, tokenizer, desc = run.load(args.model, args.shard, dtype, "ngram-spec generate")
+    # the flags that shape the run's collectives and its text; the prompt is rank 0's by design
+    run.agree({flag: Path(value) if flag in ("--static", "--dynamic") and value else value for flag, value in (
+        ("--no-spec", args.no_spec), ("--draft-max", args.draft_max), ("--drafter", args.drafter),
+        ("--max-tokens", args.max_tokens), ("--temp", args.temp), ("--top-p", args.top_p), ("--top-k", args.top_k),
+        ("--min-p", args.min_p), ("--seed", args.seed), ("--max-kv-size", args.max_kv_size),
+        ("--extra-eos-token", args.extra_eos_token), ("--static", args.static), ("--dynamic", args.dynamic))})
     if args.seed is not None:
         mx.random.seed(args.seed)
     if args.max_kv_size is not None and hasattr(model, "make_cache"):

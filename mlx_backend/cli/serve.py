@@ -41,6 +41,10 @@ def _size(text: str) -> int:
 
 def check_args(args) -> None:
     """The checks the parser cannot make, before anything is loaded (or re-run with a fast BLAS)."""
+    if "MLX_RANK" in os.environ:   # set by mlx.launch for each rank
+        raise ValueError("serve runs in one process, and this one is a rank of mlx.launch (MLX_RANK is set): every "
+                         "rank would load the whole model and bind the same port. Start ngram-spec serve without "
+                         "mlx.launch; sharded serving is not built (docs/distributed.md)")
     if args.max_tokens < 1:
         raise ValueError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     if args.draft_max is not None and not 0 <= args.draft_max <= DRAFT_MAX_LIMIT:

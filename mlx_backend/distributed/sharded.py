@@ -39,6 +39,7 @@ conv channels, and :mod:`mlx_backend.decode.rollback`'s recording forward runs o
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -55,7 +56,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from reference.drafter import Drafter
 from mlx_backend.decode.draft_policy import DEFAULT_K_MAX, DraftPolicy, measure_verify_cost
-from mlx_backend.decode.generate import SpecStats, ngram_speculative_generate_step, run_drafter
+from mlx_backend.decode.generate import SpecStats, as_token_ids, ngram_speculative_generate_step, run_drafter
 from mlx_backend.decode.rollback import VerifyCache, layer_replay_qualifies, set_layer_replay
 from mlx_backend.decode.sampling import greedy
 
@@ -295,7 +296,7 @@ class Watchdog:
         if not timeout > 0:
             raise ValueError(f"the shard timeout must be > 0 seconds, got {timeout}")
         self.timeout, self.rank, self.prog = timeout, rank, prog
-        self._last = time.monotonic()
+        self._last, self._paused = time.monotonic(), False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="ngram-spec-watchdog", daemon=True)
         self._thread.start()
@@ -303,9 +304,21 @@ class Watchdog:
     def beat(self) -> None:
         self._last = time.monotonic()
 
+    @contextlib.contextmanager
+    def paused(self):
+        """The time inside is not counted: this rank's own work (reading its shard) or its caller's (between the
+        tokens a generator yields), not a wait for the other ranks. A probe: a loop that paused 10 s after a token
+        ended the process with "no progress ... waiting for the other ranks"."""
+        self._paused = True
+        try:
+            yield
+        finally:
+            self._paused = False
+            self.beat()
+
     def _watch(self) -> None:
         while not self._stop.wait(min(1.0, self.timeout / 4)):
-            if time.monotonic() - self._last > self.timeout:
+            if not self._paused and time.monotonic() - self._last > self.timeout:
                 os.write(2, (f"{self.prog}: error: rank {self.rank}: no progress for {self.timeout:g} s "
                              f"waiting for the other ranks (one died or its link is down); exiting\n").encode())
                 os._exit(WATCHDOG_EXIT)
@@ -345,10 +358,20 @@ class ShardedRun:
         self.digest = hashlib.blake2b(digest_size=8)
 
     def prompt(self, prompt) -> list[int]:
-        """Rank 0's prompt token ids."""
+        """Rank 0's prompt token ids. A prompt that is no 1-D run of ids is the unsharded run's TypeError, on every
+        rank before the collective (a probe: text gave "invalid literal for int() with base 10: 't'")."""
         self.watchdog.beat()
-        ids = [int(t) for t in (prompt.tolist() if isinstance(prompt, mx.array) else prompt)] if self.rank == 0 else None
-        return broadcast_ints(ids, self.group)
+        ids = as_token_ids(prompt)
+        return broadcast_ints(ids if self.rank == 0 else None, self.group)
+
+    def agree(self, settings: dict) -> None:
+        """Raise :class:`RankDivergence` naming the first of ``settings`` (flag -> value; a ``Path`` compared by
+        content) in which a rank differs from rank 0, before any collective that depends on them: a rank with
+        another --max-tokens or --no-spec would otherwise wait in a collective the others never make, and the
+        first mismatched one would be blamed (a probe: --no-spec on rank 1 was reported as different cache files)."""
+        self.watchdog.beat()
+        for flag, value in settings.items():
+            check_same(f"{flag}: give every rank the same flags", [value], self.group)
 
     def policy(self, model: nn.Module, gdn_path: Optional[str] = None) -> DraftPolicy:
         """The cost-aware policy on rank 0's measured costs (every rank measures, in lockstep)."""
@@ -412,7 +435,8 @@ class ShardedRun:
         exits with status 2 (``SystemExit``), none is left waiting."""
         error, loaded = None, None
         try:
-            loaded = load_sharded(path, mode, self.group, dtype)
+            with self.watchdog.paused():   # reading this rank's shard: no collective, however long it takes
+                loaded = load_sharded(path, mode, self.group, dtype)
         except (ValueError, OSError) as exc:   # ShardError, unreadable files, ...
             error = exc
         self.watchdog.beat()
@@ -467,7 +491,8 @@ def sharded_generate_step(prompt, model: nn.Module, *, group=None, timeout: floa
         try:
             for out in steps:
                 run.beat()
-                yield out
+                with run.watchdog.paused():   # the caller's time between tokens is not a wait for the other ranks
+                    yield out
         except GeneratorExit:
             steps.close()
             run.check()

@@ -453,8 +453,27 @@ def test_cli_ranks_with_different_static_files_get_one_line(tmp_path):
     """)
     proc = launch(["-c", script], tmp_path, timeout=300, check=False)
     errors = refused_lines(proc)
-    assert errors == ["ngram-spec generate: error: rank 1 disagrees with rank 0 on the n-gram cache files "
-                      "(--static / --dynamic): give every rank the same files"], proc.stderr
+    assert errors == ["ngram-spec generate: error: rank 1 disagrees with rank 0 on --static: give every rank the "
+                      "same flags"], proc.stderr
+
+
+@pytest.mark.parametrize("rank1, flag", [(["--max-tokens", "3"], "--max-tokens"), (["--no-spec"], "--no-spec"),
+                                         (["--draft-max", "3"], "--draft-max")])
+def test_cli_ranks_with_different_flags_get_one_line_naming_the_flag(tmp_path, rank1, flag):
+    """A probe gave rank 1 other flags: --draft-max said only "the draft settings", --no-spec was blamed on cache
+    files no rank was given, and --max-tokens ended in a "[ring] connection to a peer was lost" traceback or a
+    wrong divergence message. The flags are compared after loading, each by name."""
+    model, prompt = _tiny_model_and_prompt(tmp_path)
+    script = textwrap.dedent(f"""
+        import os, sys
+        from mlx_backend.cli import main
+        extra = {rank1!r} if os.environ["MLX_RANK"] == "1" else []
+        sys.exit(main(["generate", "--model", {str(model)!r}, "--shard", "tensor", "--prompt-tokens", {str(prompt)!r},
+                       "--max-tokens", "2", *extra]))   # the last --max-tokens counts
+    """)
+    proc = launch(["-c", script], tmp_path, timeout=300, check=False)
+    assert refused_lines(proc) == [f"ngram-spec generate: error: rank 1 disagrees with rank 0 on {flag}: give every "
+                                   f"rank the same flags"], proc.stderr
 
 
 def test_cli_ranks_with_different_models_get_one_line(tmp_path):
@@ -512,3 +531,45 @@ def test_the_ranks_digest_covers_every_proposal_not_only_the_emitted_tokens():
     assert seen == [[1, 2, 3], [4]]
     assert digest([[1, 2, 3], [4]])[0] == same
     assert digest([[1, 2, 9], [4]])[0] != same and digest([[1, 2, 3], []])[0] != same
+
+
+def test_a_caller_slower_than_the_timeout_between_tokens_is_not_a_dead_rank(tmp_path):
+    """A probe's loop over sharded_generate_step paused 10 s after a token with a 5 s timeout: the watchdog
+    counted the pause and ended the process ("no progress ... waiting for the other ranks", exit 3). The time
+    the generator waits at its yield is now not counted: both ranks pause 3 s with a 1 s timeout and finish."""
+    script = textwrap.dedent("""
+        import sys, time
+        import mlx.core as mx
+        from mlx_backend.distributed.sharded import shard_model, sharded_generate_step
+        from mlx_backend.models.tiny import tiny_model
+        group = mx.distributed.init()
+        model = shard_model(tiny_model("qwen3_5", vocab_size=64, seed=1), "tensor", group)
+        tokens = []
+        for token, _, _ in sharded_generate_step([5, 6, 7, 5, 6, 7], model, max_tokens=6, group=group, timeout=1,
+                                                  draft_max=2):
+            tokens.append(int(token))
+            if len(tokens) == 2:
+                time.sleep(3)
+        sys.stdout.write(f"rank {group.rank()} tokens {tokens}\\n")
+    """)
+    proc = launch(["-c", script], tmp_path, timeout=300)
+    lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("rank "))
+    assert len(lines) == 2 and lines[0].split(" tokens ")[1] == lines[1].split(" tokens ")[1], proc.stdout
+
+
+def test_a_prompt_that_is_no_run_of_ids_is_the_unsharded_type_error():
+    """A probe: sharded_generate_step("the cat", ...) raised "invalid literal for int() with base 10: 't'" and a 2-D
+    array "int() argument must be ..."; the unsharded run names the problem. Checked on every rank, here a
+    group of one."""
+    import mlx.core as mx
+
+    from mlx_backend.distributed.sharded import ShardedRun
+
+    run = ShardedRun()
+    try:
+        for prompt, got in (("the cat", "str"), (mx.array([[1, 2, 3]]), "an array of shape")):
+            with pytest.raises(TypeError, match=f"the prompt must be a 1-D sequence of integer token ids, got {got}"):
+                run.prompt(prompt)
+        assert run.prompt(mx.array([4, 5])) == [4, 5]
+    finally:
+        run.close()

@@ -665,3 +665,13 @@ def test_a_model_directory_without_a_model_is_refused_as_generate_refuses_it(cap
     assert capsys.readouterr().err == f"ngram-spec serve: error: {line}\n"
     assert main(["generate", "--model", str(tmp_path), "--prompt", "hi"]) == 2
     assert capsys.readouterr().err.endswith(f"ngram-spec generate: error: {line}\n")
+
+
+def test_serve_under_mlx_launch_is_refused_in_one_line(monkeypatch, capsys):
+    """A probe ran ``mlx.launch -n 2 -- ngram-spec serve``: both ranks loaded the whole model, rank 1 failed
+    with "Address already in use" and rank 0's worker died in mlx-lm's request sharing. mlx.launch sets
+    MLX_RANK for each rank: serve now refuses before loading anything."""
+    monkeypatch.setenv("MLX_RANK", "1")
+    assert main(["serve", "--blas", "bundled", "--model", "nowhere"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "serve runs in one process, and this one is a rank of mlx.launch" in err, err
