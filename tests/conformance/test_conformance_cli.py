@@ -159,7 +159,9 @@ def test_a_backend_declines_an_architecture_with_not_implemented_error(monkeypat
     assert ("greedy.draft_max_0_is_plain_decoding: not run on the tiny qwen3_5, qwen3_next models, which the "
             "backend does not support (load_model raised NotImplementedError: this backend supports only llama, "
             "not qwen3_5; ...)") in out, out[-3000:]
-    assert "rollback.forward_equals_the_reference: examples drawn without the tiny qwen3_5, qwen3_next models" in out
+    # which unsupported models a property check drew (then rejected) depends on hypothesis's release: one at least
+    assert re.search(r"rollback\.forward_equals_the_reference: examples drawn without the tiny (qwen3_5|qwen3_next)",
+                     out), out[-3000:]
     assert conformance_main(["--backend", "example_backends:no_models", *args]) == 2
     out = " ".join(capsys.readouterr().out.split())
     assert "state rollback not applicable 4 not applicable (the tiny llama, llama_sliding, qwen3_5, qwen3_next" in out
