@@ -64,6 +64,10 @@ class Backend:
     def provided(self) -> list[str]:
         return [n for n in PROTOCOL if getattr(self.impl, n, None) is not None]
 
+    def label(self) -> str:
+        """How reports name it: ``'mlx' (conformance.adapters.mlx)`` for a built-in name, else ``'mod:obj'``."""
+        return f"{self.name!r}" + (f" ({BUILTIN[self.name]})" if self.name in BUILTIN else "")
+
 
 def resolve(spec: str | None = None) -> Backend:
     """The backend named by ``spec`` (default ``$NGRAM_SPEC_BACKEND``, then the fast backend where it is

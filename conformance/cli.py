@@ -10,7 +10,7 @@ import sys
 import tempfile
 import textwrap
 
-from conformance.backend import BUILTIN, ENV, PROTOCOL, resolve
+from conformance.backend import ENV, PROTOCOL, resolve
 from conformance.registry import AREAS, THOROUGH
 from reference.atomic import atomic_write, check_outputs
 
@@ -85,8 +85,7 @@ def run(args: argparse.Namespace) -> int:
     options = Options(thorough=args.thorough, examples=args.examples, exitfirst=args.exitfirst)
     if args.seed is not None:
         options.seed = args.seed
-    target = f" ({BUILTIN[backend.name]})" if backend.name in BUILTIN else ""
-    print(f"ngram-spec conformance: backend {backend.name!r}{target}, "
+    print(f"ngram-spec conformance: backend {backend.label()}, "
           f"seed {options.seed}, {'thorough' if args.thorough else 'default'} run, {len(checks)} checks")
     print(f"  provides: {', '.join(backend.provided()) or 'nothing'}")
     live = sys.stdout.isatty() and not args.quiet

@@ -103,7 +103,7 @@ def run_check(check: Check, backend: Backend, options: Options) -> CheckResult:
     except hypothesis.errors.Unsatisfiable:
         if not unsupported:
             raise
-        result.status, result.message = NOT_APPLICABLE, unsupported_models(unsupported)
+        result.status, result.message = NOT_APPLICABLE, str(Unsupported(unsupported))
     except Exception as exc:  # noqa: BLE001 - any exception is the check failing
         result.status = FAILED
         result.message = _describe(exc)

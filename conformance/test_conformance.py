@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from conformance.backend import BUILTIN, ENV, resolve
+from conformance.backend import ENV, resolve
 from conformance.checks import all_checks
 from conformance.runner import FAILED, NOT_APPLICABLE, SKIPPED, Options, run_check
 
@@ -46,12 +46,11 @@ def backend(request):
     except ValueError as exc:  # once, not a traceback per check
         pytest.exit(f"conformance: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
     source = f"${ENV}" if os.environ.get(ENV) else f"the default; ${ENV} names another"
-    target = f" ({BUILTIN[backend.name]})" if backend.name in BUILTIN else ""
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
     capture = request.config.pluginmanager.get_plugin("capturemanager")
     if reporter is not None and capture is not None:   # which backend the checks test, as python -m conformance says
         with capture.global_and_fixture_disabled():
-            reporter.write_line(f"conformance: backend {backend.name!r}{target} ({source})")
+            reporter.write_line(f"conformance: backend {backend.label()} ({source})")
     request.config.pluginmanager.register(_NothingChecked(backend.name))
     return backend
 
